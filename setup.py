@@ -1,0 +1,41 @@
+"""jaxagent: multimodal web-browsing and device-control agents in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="jaxagent",
+    version="0.1.0",
+    description="OpenWebVoyager, WebRL, DigiRL and Digi-Q in one JAX/Flax codebase, reproducible on one CPU.",
+    packages=find_packages(include=["jaxagent", "jaxagent.*"]),
+    package_data={"jaxagent": ["envs/sites/**/*", "envs/js/*", "assets/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "grain>=0.2.18",
+        "transformers>=5.0",
+        "tokenizers",
+        "safetensors",
+        "playwright>=1.50",
+        "miniwob>=1.0",
+        "openai>=1.0",
+        "ml-collections>=1.0",
+        "absl-py",
+        "tensorboardX",
+        "tensorboard",
+        "tqdm",
+        "numpy",
+        "pillow",
+        "fastapi",
+        "uvicorn",
+        "httpx",
+    ],
+    extras_require={
+        "cuda12": ["jax[cuda12]>=0.10"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
+        "bench": ["browsergym-miniwob", "torch==2.13.0"],
+    },
+)
