@@ -1,0 +1,172 @@
+"""Building blocks shared by the decoder and the vision towers: norms, projections, RoPE, attention.
+
+Every parameter carries `logical_axes` (names from `jaxagent.sharding.RULES`); activations are constrained
+with `sharding.shard`. Projections keep heads as their own axis (`[embed, heads, head_dim]`) so that the
+tensor-parallel split falls on whole heads and the HF mapping is a reshape + transpose.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxagent import sharding
+
+Dtype = Any
+_NEG_INF = -1e30  # finite, so that a query row with no visible key gives a uniform softmax, not NaN
+
+
+def normal_init(std: float):
+  return jax.nn.initializers.normal(stddev=std)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32 (as Llama and HF do)."""
+
+  def __init__(self, dim: int, *, eps: float = 1e-6, dtype: Dtype = jnp.float32,
+               param_dtype: Dtype = jnp.float32):
+    self.eps = eps
+    self.dtype = dtype
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    # HF casts back to the input dtype before multiplying by the weight.
+    return self.scale.get_value().astype(self.dtype) * x32.astype(self.dtype)
+
+
+class Dense(nnx.Module):
+  """A projection `x[..., *in] @ kernel[*in, *out] (+ bias[*out])` with named axes on both sides.
+
+  `in_shape`/`out_shape` may have several axes (e.g. `out_shape=(heads, head_dim)`); the kernel is stored
+  with exactly those axes, so sharding rules and HF reshapes see whole heads.
+  """
+
+  def __init__(self, in_shape: Sequence[int] | int, out_shape: Sequence[int] | int, *,
+               in_axes: Sequence[str | None], out_axes: Sequence[str | None], use_bias: bool = False,
+               dtype: Dtype = jnp.float32, param_dtype: Dtype = jnp.float32, init_std: float = 0.02,
+               rngs: nnx.Rngs):
+    self.in_shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
+    self.out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
+    self.dtype = dtype
+    shape = self.in_shape + self.out_shape
+    self.kernel = nnx.Param(normal_init(init_std)(rngs.params(), shape, param_dtype),
+                            logical_axes=tuple(in_axes) + tuple(out_axes))
+    self.bias = (nnx.Param(jnp.zeros(self.out_shape, param_dtype), logical_axes=tuple(out_axes))
+                 if use_bias else None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    n_in, n_out = len(self.in_shape), len(self.out_shape)
+    kernel = self.kernel.get_value().astype(self.dtype)
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel,
+                            (((tuple(range(x.ndim - n_in, x.ndim))), tuple(range(n_in))), ((), ())))
+    if self.bias is not None:
+      y = y + self.bias.get_value().astype(self.dtype)
+    assert y.ndim == x.ndim - n_in + n_out
+    return y
+
+
+class Embed(nnx.Module):
+  """Token embedding table [vocab, embed]; `attend` reuses it as a tied output projection."""
+
+  def __init__(self, vocab_size: int, dim: int, *, dtype: Dtype = jnp.float32,
+               param_dtype: Dtype = jnp.float32, init_std: float = 0.02, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.embedding = nnx.Param(normal_init(init_std)(rngs.params(), (vocab_size, dim), param_dtype),
+                               logical_axes=("vocab", "embed"))
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding.get_value(), ids, axis=0).astype(self.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.get_value().astype(self.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rotary position embeddings
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> jax.Array:
+  """Inverse frequencies [head_dim/2] (float32), with Llama-3 frequency scaling when asked.
+
+  Llama-3 scaling (HF `_compute_llama3_parameters`): wavelengths longer than
+  `original_max_position_embeddings / low_freq_factor` are divided by `factor`, shorter than
+  `.../high_freq_factor` kept, and the band in between interpolated smoothly.
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if not scaling:
+    return inv_freq
+  kind = scaling.get("rope_type", scaling.get("type"))
+  if kind in (None, "default"):
+    return inv_freq
+  if kind == "linear":
+    return inv_freq / scaling["factor"]
+  if kind != "llama3":
+    raise NotImplementedError(f"rope_scaling.rope_type={kind!r} is not supported; use None, 'linear' or 'llama3'")
+  factor = scaling["factor"]
+  low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+  old_len = scaling["original_max_position_embeddings"]
+  low_wavelen, high_wavelen = old_len / low, old_len / high
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotate x [B, T, H, D] by positions [B, T], HF's 'rotate_half' convention (split halves, not pairs)."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.concatenate([cos, cos], -1).astype(x.dtype)
+  sin = jnp.concatenate([sin, sin], -1).astype(x.dtype)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return x * cos + rotated * sin
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention
+
+
+def attention_mask(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
+                   q_positions: jax.Array | None = None, k_positions: jax.Array | None = None,
+                   sliding_window: int | None = None) -> jax.Array:
+  """Boolean mask [B, 1, T, S]: causal in slot order, only valid keys, optionally a sliding window.
+
+  Slots are indices into the key sequence (the cache, or the input itself); positions are RoPE
+  positions, used for the window so that padding holes do not count against it. A key is inside the
+  window when `q_pos - k_pos < sliding_window` (HF Mistral).
+  """
+  mask = (k_slots[:, None, :] <= q_slots[:, :, None]) & k_valid[:, None, :]
+  if sliding_window is not None:
+    mask &= (q_positions[:, :, None] - k_positions[:, None, :]) < sliding_window
+  return mask[:, None]
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention. q [B,T,H,D], k/v [B,S,K,D] with H % K == 0, mask [B,1,T,S] -> [B,T,H,D].
+
+  Scores and softmax in float32; query heads are grouped per key head without repeating k/v in memory.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  groups = h // kv_heads
+  q = q.reshape(b, t, kv_heads, groups, d)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+  scores = jnp.where(mask[:, :, None], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, d)
+
+
+def shard_heads(x: jax.Array, kv: bool = False) -> jax.Array:
+  return sharding.shard(x, ("batch", "length", "act_kv_heads" if kv else "act_heads", None))

@@ -1,0 +1,352 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) as one Flax NNX module selected by `DecoderConfig`.
+
+Differences between the families are flags, not subclasses: Llama-3 RoPE scaling (`rope_scaling`), Qwen2's
+q/k/v biases (`attention_bias`), Mistral's sliding window (`sliding_window`), tied embeddings.
+
+Parameter names mirror Hugging Face (`layers[i].self_attn.q_proj.kernel`, ...) so that the mapping table in
+`models/hf/llama.py` reads line by line against the checkpoint. Kernels are stored `[in..., out...]` with
+heads as their own axis (`q_proj.kernel: [embed, heads, head_dim]`).
+
+The KV cache (`KVCache`) is a pytree of preallocated per-layer `[B, L_max, kv_heads, head_dim]` buffers plus
+per-slot validity and RoPE positions and one write index shared by all rows. A forward pass with a cache
+writes its T tokens at slots `[index, index+T)` for every row (padding tokens are written but marked
+invalid) and attends over the whole buffer under the mask `slot causal & valid & window`. Rows therefore
+may have different prompt lengths and either padding side; a row's next RoPE position is the number of
+valid tokens it holds (`cache.lengths`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxagent import sharding
+from jaxagent.models import layers
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(d) -> Any:
+  if isinstance(d, str):
+    if d not in _DTYPES:
+      raise ValueError(f"dtype {d!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[d]
+  return d
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """Hyper-parameters of a Llama-family decoder; `from_hf`/`to_hf` translate HF `config.json` dicts."""
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  rope_theta: float = 10000.0
+  rope_scaling: dict | None = None  # None or HF rope parameters, e.g. {"rope_type": "llama3", "factor": 8, ...}
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  attention_bias: bool = False  # q/k/v biases (Qwen2; Llama with attention_bias=True)
+  attention_out_bias: bool = False  # o_proj bias (Llama with attention_bias=True only)
+  sliding_window: int | None = None  # Mistral: a key is visible when q_pos - k_pos < sliding_window
+  max_position_embeddings: int = 4096
+  dtype: str = "float32"  # compute dtype
+  param_dtype: str = "float32"
+  remat: bool = False
+  model_type: str = "llama"  # llama | mistral | qwen2: the HF architecture `to_hf` writes
+  bos_token_id: int | None = None
+  eos_token_id: int | list[int] | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"DecoderConfig.num_heads={self.num_heads} must be a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")
+    if self.model_type not in _ARCHITECTURES:
+      raise ValueError(f"DecoderConfig.model_type={self.model_type!r}; use one of {sorted(_ARCHITECTURES)}")
+    as_dtype(self.dtype), as_dtype(self.param_dtype)
+
+  @classmethod
+  def tiny(cls, **overrides) -> "DecoderConfig":
+    """A 2-layer model with GQA, small enough for unit tests on one CPU core."""
+    base = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                intermediate_size=128, max_position_embeddings=512)
+    base.update(overrides)
+    return cls(**base)
+
+  def replace(self, **changes) -> "DecoderConfig":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def num_params(self) -> int:
+    e, h, k, d, f, v = (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
+                        self.intermediate_size, self.vocab_size)
+    per_layer = e * d * (2 * h + 2 * k) + 3 * e * f + 2 * e
+    if self.attention_bias:
+      per_layer += d * (h + 2 * k)
+    return self.num_layers * per_layer + v * e * (1 if self.tie_word_embeddings else 2) + e
+
+  @classmethod
+  def from_hf(cls, hf: dict, **overrides) -> "DecoderConfig":
+    """From a HF `config.json` dict of LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM."""
+    model_type = hf.get("model_type", "llama")
+    if model_type not in _ARCHITECTURES:
+      raise ValueError(f"config.json model_type={model_type!r} is not a Llama-family decoder; "
+                       f"supported: {sorted(_ARCHITECTURES)}")
+    if hf.get("hidden_act", "silu") != "silu":
+      raise NotImplementedError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
+    if hf.get("mlp_bias"):
+      raise NotImplementedError("config.json mlp_bias=true is not supported")
+    rope = dict(hf.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if scaling:
+      scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    heads = hf["num_attention_heads"]
+    sliding = None
+    if model_type == "mistral":
+      sliding = hf.get("sliding_window")
+    elif model_type == "qwen2" and hf.get("use_sliding_window"):
+      types = set(hf.get("layer_types") or ["sliding_attention"])
+      if types != {"sliding_attention"}:
+        raise NotImplementedError("Qwen2 with sliding window on only some layers (layer_types) is not supported")
+      sliding = hf.get("sliding_window")
+    bias = bool(hf.get("attention_bias", False)) or model_type == "qwen2"
+    fields = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        intermediate_size=hf["intermediate_size"], rope_theta=float(theta), rope_scaling=scaling or None,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bias, attention_out_bias=bool(hf.get("attention_bias", False)) and model_type == "llama",
+        sliding_window=sliding, max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        model_type=model_type, bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+        pad_token_id=hf.get("pad_token_id"))
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_hf(self) -> dict:
+    """A `config.json` dict that `transformers.AutoModelForCausalLM` builds the same model from."""
+    if self.model_type == "qwen2" and self.attention_bias != True:  # noqa: E712
+      raise ValueError("Qwen2 always has q/k/v biases; set attention_bias=True or model_type='llama'")
+    if self.model_type != "llama" and self.attention_out_bias:
+      raise ValueError(f"{self.model_type} has no o_proj bias; set attention_out_bias=False")
+    if self.model_type == "llama" and self.attention_bias != self.attention_out_bias:
+      raise ValueError("Llama's attention_bias covers q/k/v/o together; set attention_bias == attention_out_bias "
+                       "(or model_type='qwen2' for q/k/v biases only)")
+    rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+    if self.rope_scaling:
+      rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
+    hf = dict(
+        architectures=[_ARCHITECTURES[self.model_type]], model_type=self.model_type,
+        vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_layers,
+        num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
+        intermediate_size=self.intermediate_size, hidden_act="silu", rms_norm_eps=self.rms_norm_eps,
+        max_position_embeddings=self.max_position_embeddings, rope_parameters=rope,
+        tie_word_embeddings=self.tie_word_embeddings, bos_token_id=self.bos_token_id,
+        eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, dtype=self.param_dtype)
+    if self.model_type == "llama":
+      hf["attention_bias"] = self.attention_bias
+    elif self.model_type == "mistral":
+      hf["sliding_window"] = self.sliding_window
+    elif self.model_type == "qwen2":
+      hf["use_sliding_window"] = self.sliding_window is not None
+      hf["sliding_window"] = self.sliding_window
+      hf["max_window_layers"] = 0
+      kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
+      hf["layer_types"] = [kind] * self.num_layers
+    return hf
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+  """Preallocated keys/values for every layer (see the module docstring for the protocol).
+
+  k, v: per layer [B, L_max, kv_heads, head_dim]; valid: [B, L_max] bool (slot holds a real token);
+  positions: [B, L_max] int32 RoPE positions; index: [] int32, the next slot to write (same for all rows).
+  """
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  valid: jax.Array
+  positions: jax.Array
+  index: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.valid.shape[1]
+
+  @property
+  def lengths(self) -> jax.Array:
+    """Valid tokens per row [B]; also each row's next RoPE position."""
+    return jnp.sum(self.valid, axis=1, dtype=jnp.int32)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    proj = lambda out, axes, bias: layers.Dense(e, out, in_axes=("embed",), out_axes=axes, use_bias=bias,
+                                                dtype=dt, param_dtype=pdt, rngs=rngs)
+    self.q_proj = proj((h, d), ("heads", "head_dim"), cfg.attention_bias)
+    self.k_proj = proj((k, d), ("kv_heads", "head_dim"), cfg.attention_bias)
+    self.v_proj = proj((k, d), ("kv_heads", "head_dim"), cfg.attention_bias)
+    self.o_proj = layers.Dense((h, d), e, in_axes=("heads", "head_dim"), out_axes=("embed",),
+                               use_bias=cfg.attention_out_bias, dtype=dt, param_dtype=pdt, rngs=rngs)
+
+  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None):
+    """x [B,T,E]; kv: this layer's (k_cache, v_cache) or None. Returns (out, new_kv)."""
+    q = layers.shard_heads(layers.apply_rope(self.q_proj(x), positions, inv_freq))
+    k = layers.shard_heads(layers.apply_rope(self.k_proj(x), positions, inv_freq), kv=True)
+    v = layers.shard_heads(self.v_proj(x), kv=True)
+    if kv is not None:
+      k_cache, v_cache = kv
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+      kv = (k, v)
+    out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
+    return self.o_proj(layers.shard_heads(out)), kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    e, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = layers.Dense(e, f, in_axes=("embed",), out_axes=("mlp",), dtype=dt, param_dtype=pdt, rngs=rngs)
+    self.up_proj = layers.Dense(e, f, in_axes=("embed",), out_axes=("mlp",), dtype=dt, param_dtype=pdt, rngs=rngs)
+    self.down_proj = layers.Dense(f, e, in_axes=("mlp",), out_axes=("embed",), dtype=dt, param_dtype=pdt, rngs=rngs)
+
+  def __call__(self, x):
+    hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    return self.down_proj(sharding.shard(hidden, ("batch", "length", "act_mlp")))
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    self.input_layernorm = layers.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+    self.self_attn = Attention(cfg, rngs=rngs)
+    self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dt,
+                                                   param_dtype=pdt)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None):
+    attn, kv = self.self_attn(self.input_layernorm(x), positions, inv_freq, mask_fn, kv, index)
+    x = x + attn
+    x = x + self.mlp(self.post_attention_layernorm(x))
+    return sharding.shard(x, ("batch", "length", "act_embed")), kv
+
+
+class Decoder(nnx.Module):
+  """Llama-family causal LM.
+
+  `__call__(input_ids | inputs_embeds, positions, attention_mask, cache)` returns logits [B,T,V] (float32),
+  `(logits, hidden)` with `return_hidden=True`, and the updated cache appended when one is passed.
+  `hidden` is the final-norm output that `lm_head` reads (what value heads pool).
+  """
+
+  def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    self.embed_tokens = layers.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=pdt, rngs=rngs)
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.norm = layers.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+    self.lm_head = None if cfg.tie_word_embeddings else layers.Dense(
+        cfg.hidden_size, cfg.vocab_size, in_axes=("embed",), out_axes=("vocab",), dtype=dt, param_dtype=pdt,
+        rngs=rngs)
+
+  # -- pieces the sampler and the VLM call directly ---------------------------------------------------
+
+  def embed(self, input_ids: jax.Array) -> jax.Array:
+    return sharding.shard(self.embed_tokens(input_ids), ("batch", "length", "act_embed"))
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """Output projection of final hidden states [..., E] -> float32 logits [..., V]."""
+    if self.lm_head is None:
+      out = self.embed_tokens.attend(hidden)
+    else:
+      kernel = self.lm_head.kernel.get_value().astype(hidden.dtype)
+      out = jnp.einsum("...e,ev->...v", hidden, kernel, preferred_element_type=jnp.float32)
+    if out.ndim == 3:
+      out = sharding.shard(out, ("batch", "length", "act_vocab"))
+    return out.astype(jnp.float32)
+
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+    cfg = self.config
+    dtype = as_dtype(dtype or cfg.dtype)
+    shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    return KVCache(k=zeros(), v=zeros(), valid=jnp.zeros((batch, max_len), bool),
+                   positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+  def hidden_states(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
+                    cache: KVCache | None = None):
+    """Final-norm hidden states [B,T,E] and the updated cache (None without one)."""
+    cfg = self.config
+    if (input_ids is None) == (inputs_embeds is None):
+      raise ValueError("Decoder: pass exactly one of input_ids or inputs_embeds")
+    x = self.embed(input_ids) if inputs_embeds is None else sharding.shard(
+        inputs_embeds.astype(as_dtype(cfg.dtype)), ("batch", "length", "act_embed"))
+    b, t = x.shape[:2]
+    mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+    if positions is None:  # the i-th valid token of a row gets position (cached tokens) + i
+      start = 0 if cache is None else cache.lengths[:, None]
+      positions = start + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - mask.astype(jnp.int32)
+    positions = positions.astype(jnp.int32)
+    inv_freq = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    q_slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+    if cache is None:
+      mask_fn = lambda: layers.attention_mask(q_slots, q_slots, mask, positions, positions, cfg.sliding_window)
+      index = None
+    else:
+      index = cache.index
+      valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))
+      k_pos = jax.lax.dynamic_update_slice(cache.positions, positions, (0, index))
+      k_slots = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), valid.shape)
+      mask_fn = lambda: layers.attention_mask(q_slots + index, k_slots, valid, positions, k_pos,
+                                              cfg.sliding_window)
+
+    new_k, new_v = [], []
+    for i, block in enumerate(self.layers):
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      if cfg.remat and cache is None:
+        x, _ = nnx.remat(lambda blk, h, p: blk(h, p, inv_freq, mask_fn))(block, x, positions)
+      else:
+        x, kv = block(x, positions, inv_freq, mask_fn, kv, index)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    hidden = self.norm(x)
+    if cache is not None:
+      cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, positions=k_pos, index=index + t)
+    return hidden, cache
+
+  def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
+               cache: KVCache | None = None, return_hidden: bool = False):
+    hidden, new_cache = self.hidden_states(input_ids, inputs_embeds=inputs_embeds, positions=positions,
+                                           attention_mask=attention_mask, cache=cache)
+    logits = self.logits(hidden)
+    out = (logits, hidden) if return_hidden else (logits,)
+    if cache is not None:
+      out = out + (new_cache,)
+    return out[0] if len(out) == 1 else out
+
+
+def init_decoder(cfg: DecoderConfig, seed: int = 0) -> Decoder:
+  return Decoder(cfg, rngs=nnx.Rngs(seed))
