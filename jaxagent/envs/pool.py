@@ -1,0 +1,419 @@
+"""A pool of environment subprocesses stepped together that survives its browsers' crashes and hangs.
+
+Each slot is one worker process (started with `spawn`, never `fork`: Playwright and JAX hold threads) that
+owns one environment, hence one browser. `reset` and `step` address any subset of slots; the commands go out
+to all of them first and the answers are gathered as they come, so N browsers work in parallel.
+
+A worker whose env raises (e.g. `BrowserCrashed`), whose process dies, or which does not answer within the
+timeout is killed together with everything it started, and a fresh worker takes its slot. The episode it was
+running is retried from `reset` up to `max_retries` times (the caller gets `SlotResult.restarted` with the
+new first observation), then given up (`SlotResult.errored`). Nothing is silently lost.
+
+Every process a worker starts (the Playwright driver, Chromium and its renderers) inherits the environment
+variable `JAXAGENT_ENV_WORKER=<pool>/<slot>/<generation>`. Playwright puts Chromium in a session of its own,
+so process groups cannot find it; this marker, read from `/proc/<pid>/environ`, can, even after the worker
+has died and its children were re-parented. `close()` (also via the context manager, `atexit`, and SIGTERM
+in the parent) kills every marked process, so no Chromium outlives the pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import itertools
+import multiprocessing as mp
+from multiprocessing import connection as mp_connection
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any, Mapping, Sequence
+import uuid
+import weakref
+
+from jaxagent import types
+from jaxagent.envs import registry
+
+MARKER_ENV = "JAXAGENT_ENV_WORKER"
+
+
+@dataclasses.dataclass
+class SlotResult:
+  """One slot's answer to `reset` or `step`."""
+
+  obs: types.Observation | None
+  reward: float = 0.0
+  done: bool = False
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  restarted: bool = False  # this attempt crashed; `obs` is the first observation of the episode run again
+  errored: bool = False  # the episode crashed on all 1 + max_retries attempts and was given up; `obs` is None
+  attempt: int = 1  # which attempt of the slot's current episode produced this result
+  errors: list[str] = dataclasses.field(default_factory=list)  # why each failed attempt failed
+
+
+# ------------------------------------------------------------------------------------- process tracking
+
+
+def _marker_of(pid: int) -> str | None:
+  try:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      env = f.read()
+  except OSError:  # gone, or a zombie, or not ours
+    return None
+  key = MARKER_ENV.encode() + b"="
+  for item in env.split(b"\0"):
+    if item.startswith(key):
+      return item[len(key):].decode(errors="replace")
+  return None
+
+
+def marked_pids(prefix: str) -> list[int]:
+  """Live processes whose `JAXAGENT_ENV_WORKER` marker equals `prefix` or starts with `prefix + "/"`."""
+  me = os.getpid()
+  out = []
+  for entry in os.scandir("/proc"):
+    if not entry.name.isdigit() or int(entry.name) == me:
+      continue
+    marker = _marker_of(int(entry.name))
+    if marker is not None and (marker == prefix or marker.startswith(prefix + "/")):
+      out.append(int(entry.name))
+  return out
+
+
+def _kill_marked(prefix: str, rounds: int = 5) -> None:
+  """SIGKILLs marked processes until none is left (a dying browser may still be forking renderers)."""
+  for _ in range(rounds):
+    pids = marked_pids(prefix)
+    if not pids:
+      return
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------- the worker
+
+
+def _watch_parent(marker: str) -> None:
+  """Kills this worker's descendants and exits when the pool's process disappears (even by SIGKILL)."""
+  parent = os.getppid()
+  while True:
+    time.sleep(0.5)
+    if os.getppid() != parent:
+      _kill_marked(marker)
+      os._exit(1)
+
+
+def _worker_main(conn: mp_connection.Connection, spec: dict[str, Any], marker: str) -> None:
+  """Builds one env and serves ("reset", task) / ("step", action) / ("close", None) until told to stop."""
+  os.environ[MARKER_ENV] = marker  # inherited by every process the env starts
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+  threading.Thread(target=_watch_parent, args=(marker,), daemon=True).start()
+  try:
+    env = registry.make_env(spec)
+  except BaseException:  # pylint: disable=broad-except
+    conn.send(("error", "building the env failed:\n" + traceback.format_exc()))
+    os._exit(1)
+  conn.send(("ready", os.getpid()))
+  while True:
+    try:
+      cmd, arg = conn.recv()
+    except (EOFError, OSError):  # the pool went away
+      _kill_marked(marker)
+      os._exit(0)
+    if cmd == "close":
+      try:
+        env.close()
+      finally:
+        conn.send(("closed", None))
+      return
+    try:
+      out = env.reset(arg) if cmd == "reset" else env.step(arg)
+    except BaseException:  # pylint: disable=broad-except
+      conn.send(("error", f"env.{cmd} raised:\n" + traceback.format_exc()))
+      os._exit(1)  # the parent kills what this env started and puts a fresh worker in the slot
+    conn.send(("ok", out))
+
+
+# --------------------------------------------------------------------------------------------- the pool
+
+
+@dataclasses.dataclass
+class _Worker:
+  process: Any
+  conn: mp_connection.Connection
+  marker: str
+  ready: bool = False
+
+
+@dataclasses.dataclass
+class _Episode:
+  task: types.Task
+  attempt: int = 1
+  errors: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Pending:
+  cmd: str  # "reset" | "step" | "retry"
+  timeout: float
+  deadline: float
+
+
+_LIVE_POOLS: "weakref.WeakSet[EnvPool]" = weakref.WeakSet()
+_HOOKS_INSTALLED = False
+
+
+def _close_live_pools() -> None:
+  for pool in list(_LIVE_POOLS):
+    pool.close()
+
+
+def _on_sigterm(previous):
+  def handler(signum, frame):
+    _close_live_pools()
+    if callable(previous):
+      previous(signum, frame)
+    else:  # SIG_DFL: die of SIGTERM as we would have
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+  return handler
+
+
+def _install_exit_hooks() -> None:
+  global _HOOKS_INSTALLED
+  if _HOOKS_INSTALLED:
+    return
+  _HOOKS_INSTALLED = True
+  atexit.register(_close_live_pools)
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_IGN:
+      signal.signal(signal.SIGTERM, _on_sigterm(previous))
+
+
+class EnvPool:
+  """`num_workers` env subprocesses built from `spec` (see `registry.make_env`), stepped in parallel.
+
+  Usage:
+    with EnvPool({"kind": "miniwob"}, num_workers=4) as pool:
+      first = pool.reset([task_a, task_b, None, task_c])   # None: leave that slot alone
+      nxt = pool.step({0: action_a, 3: action_c})          # or a dict slot -> command
+  Both return a list with one `SlotResult` per addressed slot (None elsewhere).
+  """
+
+  def __init__(self, spec: Mapping[str, Any], num_workers: int, step_timeout: float = 30.0,
+               reset_timeout: float = 60.0, max_retries: int = 2, start_timeout: float = 120.0,
+               close_timeout: float = 10.0):
+    if num_workers < 1:
+      raise ValueError(f"EnvPool: num_workers={num_workers} must be >= 1")
+    if max_retries < 0:
+      raise ValueError(f"EnvPool: max_retries={max_retries} must be >= 0")
+    self.spec = registry.resolve(spec)
+    self.num_workers = num_workers
+    self.step_timeout = step_timeout
+    self.reset_timeout = reset_timeout
+    self.start_timeout = start_timeout
+    self.close_timeout = close_timeout
+    self.max_retries = max_retries
+    self.restarts = 0  # workers replaced after a crash or hang
+    self.failures: list[str] = []  # every failure seen, "slot i attempt k: why"
+    self._id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    self._ctx = mp.get_context("spawn")
+    self._generation = itertools.count()
+    self._episodes: list[_Episode | None] = [None] * num_workers
+    self._closed = False
+    _install_exit_hooks()
+    _LIVE_POOLS.add(self)
+    self._workers = [self._start_worker(i) for i in range(num_workers)]
+    try:
+      self._wait_ready()
+    except BaseException:
+      self.close()
+      raise
+
+  # -- public API
+
+  @property
+  def marker(self) -> str:
+    """The prefix of the `JAXAGENT_ENV_WORKER` marker every process of this pool carries."""
+    return self._id
+
+  def __len__(self) -> int:
+    return self.num_workers
+
+  def __enter__(self) -> "EnvPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def worker_pid(self, slot: int) -> int:
+    return self._workers[slot].process.pid
+
+  def reset(self, tasks: Sequence[types.Task | None] | Mapping[int, types.Task]) -> list[SlotResult | None]:
+    """Starts a new episode of `tasks[i]` in slot i (a new task resets the slot's retry count)."""
+    commands = self._as_commands(tasks, "tasks")
+    for slot, task in commands.items():
+      self._episodes[slot] = _Episode(task)
+    return self._run({slot: ("reset", task) for slot, task in commands.items()})
+
+  def step(self, actions: Sequence[types.Action | None] | Mapping[int, types.Action]) -> list[SlotResult | None]:
+    """Executes `actions[i]` in slot i; a crash there restarts the slot's episode (see `SlotResult`)."""
+    commands = self._as_commands(actions, "actions")
+    for slot in commands:
+      if self._episodes[slot] is None:
+        raise RuntimeError(f"EnvPool.step: slot {slot} has no episode running; call reset with a task first")
+    return self._run({slot: ("step", action) for slot, action in commands.items()})
+
+  def close(self) -> None:
+    """Stops every worker and kills whatever they started; safe to call twice."""
+    if self._closed:
+      return
+    self._closed = True
+    _LIVE_POOLS.discard(self)
+    workers = getattr(self, "_workers", [])
+    for w in workers:
+      try:
+        w.conn.send(("close", None))
+      except (OSError, ValueError):
+        pass
+    deadline = time.monotonic() + self.close_timeout
+    for w in workers:
+      w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+      self._kill(w)
+    _kill_marked(self._id)
+
+  # -- internals
+
+  def _as_commands(self, items, name) -> dict[int, Any]:
+    if self._closed:
+      raise RuntimeError("EnvPool is closed")
+    if isinstance(items, Mapping):
+      commands = dict(items)
+    else:
+      if len(items) != self.num_workers:
+        raise ValueError(f"EnvPool: got {len(items)} {name} for {self.num_workers} slots; pass one per slot "
+                         "(None to skip a slot) or a dict slot -> item")
+      commands = {i: x for i, x in enumerate(items) if x is not None}
+    bad = [s for s in commands if not 0 <= s < self.num_workers]
+    if bad:
+      raise ValueError(f"EnvPool: {name} for slot(s) {bad}; slots are 0..{self.num_workers - 1}")
+    return commands
+
+  def _start_worker(self, slot: int) -> _Worker:
+    marker = f"{self._id}/{slot}/{next(self._generation)}"
+    parent_conn, child_conn = self._ctx.Pipe()
+    process = self._ctx.Process(target=_worker_main, args=(child_conn, self.spec, marker),
+                                name=f"envpool-{slot}", daemon=True)
+    process.start()
+    child_conn.close()
+    return _Worker(process, parent_conn, marker)
+
+  def _kill(self, w: _Worker) -> None:
+    try:
+      os.kill(w.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, TypeError):
+      pass
+    _kill_marked(w.marker)
+    w.process.join(5)
+    w.conn.close()
+
+  def _wait_ready(self) -> None:
+    deadline = time.monotonic() + self.start_timeout
+    for slot, w in enumerate(self._workers):
+      remaining = max(0.0, deadline - time.monotonic())
+      if not w.conn.poll(remaining):
+        raise TimeoutError(f"EnvPool: worker {slot} did not build its env within start_timeout="
+                           f"{self.start_timeout}s")
+      try:
+        kind, payload = w.conn.recv()
+      except EOFError:
+        raise RuntimeError(f"EnvPool: worker {slot} died while building env {self.spec}") from None
+      if kind != "ready":
+        raise RuntimeError(f"EnvPool: worker {slot} could not build env {self.spec}:\n{payload}")
+      w.ready = True
+
+  def _send(self, slot: int, cmd: str, arg: Any, pending: dict[int, _Pending]) -> None:
+    w = self._workers[slot]
+    timeout = self.reset_timeout if cmd in ("reset", "retry") else self.step_timeout
+    # A fresh worker first builds its env (launches a browser): its clock starts at "ready".
+    wait = timeout if w.ready else timeout + self.start_timeout
+    pending[slot] = _Pending(cmd, timeout, time.monotonic() + wait)
+    try:
+      w.conn.send(("reset" if cmd == "retry" else cmd, arg))
+    except (OSError, ValueError):  # the worker is already dead; the wait loop sees it
+      pass
+
+  def _run(self, commands: dict[int, tuple[str, Any]]) -> list[SlotResult | None]:
+    results: list[SlotResult | None] = [None] * self.num_workers
+    pending: dict[int, _Pending] = {}
+    for slot, (cmd, arg) in commands.items():
+      self._send(slot, cmd, arg, pending)
+    while pending:
+      now = time.monotonic()
+      wait_s = max(0.0, min(p.deadline for p in pending.values()) - now)
+      handles = [self._workers[s].conn for s in pending] + [self._workers[s].process.sentinel for s in pending]
+      mp_connection.wait(handles, timeout=wait_s)
+      for slot in list(pending):
+        self._poll(slot, pending, results)
+    return results
+
+  def _poll(self, slot: int, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
+    w, p = self._workers[slot], pending[slot]
+    while True:  # drain: a "ready" may come before the answer
+      try:
+        if not w.conn.poll():
+          break
+        kind, payload = w.conn.recv()
+      except (EOFError, OSError):
+        return self._fail(slot, f"worker process died (exit code {self._exitcode(w)}) during {p.cmd}",
+                          pending, results)
+      if kind == "ready":
+        w.ready = True
+        p.deadline = time.monotonic() + p.timeout
+        continue
+      if kind == "error":
+        return self._fail(slot, payload, pending, results)
+      del pending[slot]
+      ep = self._episodes[slot]
+      if p.cmd == "step":
+        obs, reward, done, info = payload
+        results[slot] = SlotResult(obs, float(reward), bool(done), dict(info or {}), attempt=ep.attempt,
+                                   errors=list(ep.errors))
+      else:
+        results[slot] = SlotResult(payload, restarted=p.cmd == "retry", attempt=ep.attempt,
+                                   errors=list(ep.errors))
+      return None
+    if not w.process.is_alive():
+      return self._fail(slot, f"worker process died (exit code {self._exitcode(w)}) during {p.cmd}",
+                        pending, results)
+    if time.monotonic() > p.deadline:
+      return self._fail(slot, f"{p.cmd} did not answer within {p.timeout}s (hung); killed", pending, results)
+    return None
+
+  @staticmethod
+  def _exitcode(w: _Worker) -> Any:
+    w.process.join(0.5)
+    return w.process.exitcode
+
+  def _fail(self, slot: int, why: str, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
+    ep = self._episodes[slot]
+    why = why.strip()
+    self.failures.append(f"slot {slot} attempt {ep.attempt}: {why}")
+    ep.errors.append(f"attempt {ep.attempt}: {why}")
+    self._kill(self._workers[slot])
+    self._workers[slot] = self._start_worker(slot)
+    self.restarts += 1
+    if ep.attempt > self.max_retries:
+      del pending[slot]
+      results[slot] = SlotResult(None, errored=True, attempt=ep.attempt, errors=list(ep.errors))
+      self._episodes[slot] = None
+      return
+    ep.attempt += 1
+    self._send(slot, "retry", ep.task, pending)

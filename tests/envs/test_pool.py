@@ -1,0 +1,187 @@
+"""EnvPool: parallel stepping, restart of crashed / hung / dead workers, retries, and clean shutdown.
+
+The bookkeeping tests run a small deterministic env defined here (`ScriptedEnv`), which like a browser starts
+a helper process in a session of its own, so the orphan checks are real. The fault test with real Chromium on
+MiniWoB++ lives in `test_pool_miniwob.py`.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jaxagent import types
+from jaxagent.envs import pool as pool_lib
+from jaxagent.envs import registry
+
+
+class ScriptedEnv:
+  """Counts steps; `task.meta` scripts faults. A fault fires only while its counter file has fewer lines than
+  `times`, so a retry of the same task can succeed (the counter lives on disk, shared by all attempts)."""
+
+  def __init__(self, step_sleep: float = 0.0):
+    self.step_sleep = step_sleep
+    self.helper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # like Chromium: own session
+    self.task = None
+    self.t = 0
+
+  def _fault(self, where):
+    fault = self.task.meta.get("fault")
+    if not fault or fault["at"] != where:
+      return
+    counter = pathlib.Path(fault["counter"])
+    fired = counter.read_text().count("\n") if counter.exists() else 0
+    if fired >= fault.get("times", 1):
+      return
+    with counter.open("a") as f:
+      f.write("x\n")
+    if fault["kind"] == "raise":
+      raise RuntimeError(f"scripted crash at {where}")
+    if fault["kind"] == "hang":
+      time.sleep(600)
+    if fault["kind"] == "die":
+      os._exit(3)
+
+  def _obs(self):
+    return types.Observation(url=self.task.start_url, intent=self.task.intent, step=self.t,
+                             extra={"pid": os.getpid()})
+
+  def reset(self, task):
+    self.task, self.t = task, 0
+    self._fault("reset")
+    return self._obs()
+
+  def step(self, action):
+    self.t += 1
+    time.sleep(self.step_sleep)
+    self._fault(self.t)
+    done = self.t >= self.task.max_steps
+    return self._obs(), float(done), done, {"echo": action.text}
+
+  def close(self):
+    self.helper.kill()
+
+
+SPEC = {"kind": f"{ScriptedEnv.__module__}:ScriptedEnv"}
+
+
+def _task(i, **meta):
+  return types.Task(id=f"t{i}", intent=f"do {i}", site="fake", start_url=f"fake://{i}", max_steps=3, meta=meta)
+
+
+def _say(text):
+  return types.Action(types.ActionKind.TYPE, text=text)
+
+
+def _fault(tmp_path, name, kind, at, times=1):
+  return {"fault": {"kind": kind, "at": at, "times": times, "counter": str(tmp_path / name)}}
+
+
+@pytest.fixture(scope="module")
+def pool():
+  with pool_lib.EnvPool({**SPEC, "step_sleep": 0.3}, num_workers=3, step_timeout=3.0, reset_timeout=5.0,
+                        max_retries=1) as p:
+    yield p
+  assert not pool_lib.marked_pids(p.marker), "processes of a closed pool are still alive"
+
+
+def test_registry_names_valid_kinds_and_plugs_in_backends():
+  with pytest.raises(ValueError, match=r"valid kinds: \['browser', 'miniwob'"):
+    registry.make_env({"kind": "nope"})
+  with pytest.raises(ValueError, match="needs a 'kind' key"):
+    registry.make_env({"headless": True})
+  registry.register("scripted-test", SPEC["kind"])
+  assert registry.resolve({"kind": "scripted-test", "x": 1}) == {"kind": SPEC["kind"], "x": 1}
+  env = registry.make_env({"kind": "scripted-test", "step_sleep": 0.0})
+  try:
+    assert env.reset(_task(0)).url == "fake://0"
+  finally:
+    env.close()
+  with pytest.raises(ImportError, match="has no attribute 'Missing'"):
+    registry.make_env({"kind": f"{__name__}:Missing"})
+
+
+def test_slots_step_in_parallel_and_results_align(pool):
+  first = pool.reset([_task(0), None, _task(2)])
+  assert first[1] is None
+  assert [r.obs.url for r in (first[0], first[2])] == ["fake://0", "fake://2"]
+  pool.reset({1: _task(1)})
+  start = time.monotonic()
+  out = pool.step([_say("a"), _say("b"), _say("c")])
+  elapsed = time.monotonic() - start
+  assert [r.info["echo"] for r in out] == ["a", "b", "c"]
+  assert [r.obs.step for r in out] == [1, 1, 1]
+  assert len({r.obs.extra["pid"] for r in out}) == 3  # three separate processes
+  assert elapsed < 0.3 * 3 * 0.9, f"3 slots x 0.3 s took {elapsed:.2f}s: not parallel"
+  out = pool.step({0: _say("x")})
+  assert out[0].obs.step == 2 and out[1] is None and out[2] is None
+  with pytest.raises(ValueError, match="pass one per slot"):
+    pool.step([_say("a")])
+
+
+@pytest.mark.parametrize("kind", ["raise", "die", "hang"])
+def test_crashed_dead_or_hung_worker_is_replaced_and_episode_retried(pool, tmp_path, kind):
+  restarts = pool.restarts
+  pool.reset([_task(0, **_fault(tmp_path, "c", kind, at=2)), _task(1), None])
+  old_pid = pool.worker_pid(0)
+  out = pool.step([_say("a"), _say("a"), None])
+  assert out[0].obs.step == 1 and not out[0].restarted
+  out = pool.step([_say("b"), _say("b"), None])
+  assert out[0].restarted and out[0].attempt == 2 and not out[0].errored
+  assert out[0].obs.step == 0, "a restarted episode starts again from reset"
+  assert len(out[0].errors) == 1 and {"raise": "scripted crash", "die": "exit code 3",
+                                      "hang": "hung"}[kind] in out[0].errors[0]
+  assert out[1].obs.step == 2 and not out[1].restarted, "the other slot is untouched"
+  assert pool.worker_pid(0) != old_pid and pool.restarts == restarts + 1
+  assert old_pid not in pool_lib.marked_pids(pool.marker)
+  out = pool.step([_say("c"), None, None])  # the fresh worker carries on with the retried episode
+  assert out[0].obs.step == 1 and out[0].attempt == 2
+
+
+def test_retries_exhausted_gives_errored_then_slot_is_reusable(pool, tmp_path):
+  out = pool.reset([_task(0, **_fault(tmp_path, "c", "raise", at="reset", times=5)), None, None])
+  assert out[0].errored and out[0].obs is None
+  assert out[0].attempt == 2 and len(out[0].errors) == 2  # max_retries=1: two attempts
+  with pytest.raises(RuntimeError, match="no episode running"):
+    pool.step({0: _say("a")})
+  out = pool.reset({0: _task(5)})
+  assert out[0].obs.url == "fake://5" and out[0].attempt == 1
+
+
+def test_every_helper_process_of_a_killed_worker_is_gone(pool, tmp_path):
+  pool.reset({0: _task(0, **_fault(tmp_path, "c", "die", at=1))})
+  marker = pool._workers[0].marker  # pylint: disable=protected-access
+  assert len(pool_lib.marked_pids(marker)) == 1, "the env's helper process should carry the marker"
+  pool.step({0: _say("a")})
+  assert not pool_lib.marked_pids(marker), "the dead worker's helper process outlived it"
+
+
+_PARENT = textwrap.dedent("""
+    import sys, time
+    sys.path[:0] = {path!r}
+    from jaxagent.envs import pool as pool_lib
+    p = pool_lib.EnvPool({spec!r}, num_workers=2)
+    print(p.marker, flush=True)
+    {ending}
+""")
+
+
+@pytest.mark.parametrize("ending,sig", [("time.sleep(600)", signal.SIGTERM), ("time.sleep(600)", signal.SIGINT),
+                                        ("import os; os._exit(0)", None)])
+def test_parent_exit_leaves_no_process_behind(ending, sig):
+  code = _PARENT.format(path=sys.path, spec=SPEC, ending=ending)
+  parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  marker = parent.stdout.readline().strip()
+  assert marker and len(pool_lib.marked_pids(marker)) == 2  # the two helpers (workers carry no environ copy)
+  if sig is not None:
+    parent.send_signal(sig)
+  parent.wait(30)
+  deadline = time.monotonic() + 5  # with os._exit the workers notice their orphaning within a second
+  while pool_lib.marked_pids(marker) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not pool_lib.marked_pids(marker)
