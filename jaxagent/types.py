@@ -185,6 +185,9 @@ class Step:
   # WebRL / RL
   logprob: float | None = None
   ref_logprob: float | None = None
+  # In memory only: the observation this step acted on, for judges and stores (a store writes its screenshot to
+  # `image_path` and its text fields to JSON; reading back gives it without the screenshot array).
+  observation: Observation | None = None
 
 
 @dataclasses.dataclass
