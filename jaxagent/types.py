@@ -202,6 +202,8 @@ class Trajectory:
   attempts: int = 1  # how many times the pool ran this episode (crash retries)
   policy: str = ""
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # In memory only: the observation after the last step (its screenshot is the last step's `next_image_path`).
+  final_observation: Observation | None = None
 
   @property
   def trajectory_reward(self) -> float:
