@@ -147,7 +147,8 @@ class Action:
     return self.kind in (ActionKind.ANSWER, ActionKind.IMPOSSIBLE)
 
   def to_json(self) -> dict[str, Any]:
-    d = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "", False)}
+    # `is`, not `in`: 0 == False, and element 0 or x = 0.0 must survive the round trip.
+    d = {k: v for k, v in dataclasses.asdict(self).items() if not (v is None or v is False or v == "")}
     d["kind"] = self.kind.value
     return d
 
