@@ -1,0 +1,282 @@
+"""Digi-Q's critic: double Q and double V MLP heads over frozen (state, action) representations.
+
+Transcribes `digiq/models/critic.py:VLMDoubleCritic` (`reference/algorithms.md` §5.3):
+
+    v_states = [prev_type, prev_text, goal, image_features]                 (text features from encoders)
+    q_states = v_states ‖ [act_type, act_text, q_rep]                         (q_rep: the VLM's (s, a) rep)
+    Q_i: q_total → q_total → 5d → 5d → 5d → out      V_i: v_total → 3d → 3d → 3d → out      (ReLU, i = 1, 2)
+
+with d the text-feature width (768 for RoBERTa-base), so that the paper-scale config reproduces
+10752 → 10752 → 3840 → 3840 → 3840 and 5120 → 2304 → 2304 → 2304. `out` is 1 for regression
+(`learn_metric: regression`, the code's default) and 2 for classification. V never sees the action.
+
+Substitution (documented): the original runs three trainable RoBERTa-base encoders (goal, action type, typed
+text). We run three trainable `HashedTextEncoder`s instead — a mean-pooled embedding bag over hashed word and
+character-trigram features followed by a dense + tanh pooler (RoBERTa's pooler shape) — so no download is
+needed and the critic trains on a CPU. The text fields themselves are extracted exactly as the critic does
+(`critic_text_fields`): goal from `Goal: (.*?)</s>`, the previous action from `Previous Actions: (.*?)Goal:`,
+action type and typed text from the `"key": "value"` pairs, the raw string for both when the action does
+not parse.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import re
+import zlib
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxagent.models import layers
+
+# ------------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """Sizes of the critic. Hidden widths `None` follow the original's rule from `text_dim` (see module doc)."""
+
+  text_vocab: int = 4096  # hashed feature buckets per text encoder (id 0 = padding)
+  text_dim: int = 32  # d; RoBERTa-base pooler: 768
+  max_text_tokens: int = 64  # hashed features kept per text
+  image_dim: int = 64  # BLIP-2 1408 × 2 frame-stacked = 2816 in the seed data
+  rep_dim: int = 64  # LLaVA-1.5-7B mean last-layer hidden state = 4096
+  q_hidden: tuple[int, ...] | None = (128, 64)
+  v_hidden: tuple[int, ...] | None = (64, 64)
+  out_dim: int = 1  # 1: regression, 2: classification
+
+  def __post_init__(self):
+    if self.out_dim not in (1, 2):
+      raise ValueError(f"CriticConfig.out_dim={self.out_dim}: use 1 (regression) or 2 (classification)")
+    for name in ("text_vocab", "text_dim", "max_text_tokens", "image_dim", "rep_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"CriticConfig.{name}={getattr(self, name)} must be positive")
+
+  @property
+  def v_in(self) -> int:
+    return 3 * self.text_dim + self.image_dim
+
+  @property
+  def q_in(self) -> int:
+    return 5 * self.text_dim + self.image_dim + self.rep_dim
+
+  @property
+  def q_widths(self) -> tuple[int, ...]:
+    if self.q_hidden is not None:
+      return tuple(self.q_hidden)
+    return (self.q_in,) + (5 * self.text_dim,) * 3
+
+  @property
+  def v_widths(self) -> tuple[int, ...]:
+    if self.v_hidden is not None:
+      return tuple(self.v_hidden)
+    return (3 * self.text_dim,) * 3
+
+  @classmethod
+  def paper(cls, learn_metric: str = "regression") -> "CriticConfig":
+    """Digi-Q's sizes (§5.3): 768-d text features, 2816-d image features, 4096-d LLaVA representations."""
+    return cls(text_vocab=50265, text_dim=768, max_text_tokens=512, image_dim=2816, rep_dim=4096,
+               q_hidden=None, v_hidden=None, out_dim=_out_dim(learn_metric))
+
+  @classmethod
+  def tiny(cls, image_dim: int = 64, rep_dim: int = 64, learn_metric: str = "regression") -> "CriticConfig":
+    """A CPU-sized critic for the embedded default and tests."""
+    return cls(image_dim=image_dim, rep_dim=rep_dim, out_dim=_out_dim(learn_metric))
+
+
+def _out_dim(learn_metric: str) -> int:
+  if learn_metric not in ("regression", "classification"):
+    raise ValueError(f"learn_metric={learn_metric!r}: use 'regression' or 'classification'")
+  return 1 if learn_metric == "regression" else 2
+
+
+# ------------------------------------------------------------------------- text fields (host side)
+
+_ACTION_KEYS = ("action_type", "touch_point", "lift_point", "typed_text")
+_ACTION_RE = {k: re.compile(f'"{k}": "(.*?)"') for k in _ACTION_KEYS}
+_PREV_RE = re.compile(r"Previous Actions: (.*?)Goal:")
+_GOAL_RE = re.compile(r"Goal: (.*?)</s>")
+
+
+def _critic_parse_action(action: str) -> dict[str, str | None]:
+  """`VLMDoubleCritic.parse_action`: each `"key": "value"` pair by regex, None when absent."""
+  out = {}
+  for key, pattern in _ACTION_RE.items():
+    m = pattern.search(action)
+    out[key] = m.group(1) if m else None
+  return out
+
+
+def _critic_action_parses(fields: Mapping[str, str | None]) -> bool:
+  """`VLMDoubleCritic.is_action_valid`: touch and lift points `literal_eval` (weaker than the actor's check)."""
+  try:
+    ast.literal_eval(fields["touch_point"])
+    ast.literal_eval(fields["lift_point"])
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def action_type_and_text(action: str) -> tuple[str, str]:
+  """(action_type, typed_text) of an AutoUI action string; the raw string for both when it does not parse
+  (`VLMDoubleCritic.parse_action_string`)."""
+  fields = _critic_parse_action(action)
+  if _critic_action_parses(fields):
+    return fields["action_type"] or "", fields["typed_text"] or ""
+  return action, action
+
+
+def critic_text_fields(observation: str) -> tuple[str, str]:
+  """(previous action, goal) of an AutoUI observation prompt (`VLMDoubleCritic.parse_obs`), "" when absent."""
+  prev = _PREV_RE.search(observation)
+  goal = _GOAL_RE.search(observation)
+  return (prev.group(1) if prev else ""), (goal.group(1) if goal else "")
+
+
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def hash_text(text: str, vocab: int, max_tokens: int) -> list[int]:
+  """Hashed features of a text: its lower-cased words then its character trigrams, ids in [1, vocab).
+
+  Deterministic across processes (crc32, not Python's salted `hash`); truncated to the first `max_tokens`.
+  """
+  t = text.lower()
+  feats = ["w" + w for w in _WORD_RE.findall(t)]
+  feats += ["c" + t[i:i + 3] for i in range(max(len(t) - 2, 0))]
+  return [1 + zlib.crc32(f.encode("utf-8")) % (vocab - 1) for f in feats[:max_tokens]]
+
+
+def encode_texts(texts: Sequence[str], vocab: int, max_tokens: int) -> np.ndarray:
+  """int32 [len(texts), max_tokens] of hashed feature ids, 0-padded."""
+  out = np.zeros((len(texts), max_tokens), np.int32)
+  for i, text in enumerate(texts):
+    ids = hash_text(text, vocab, max_tokens)
+    out[i, :len(ids)] = ids
+  return out
+
+
+def featurize(observations: Sequence[str], actions: Sequence[str] | Sequence[Sequence[str]],
+              cfg: CriticConfig) -> dict[str, np.ndarray]:
+  """The critic's text inputs for a batch: goal, prev_type, prev_text [B, L] and act_type, act_text [B, L]
+  (one action per state) or [B, N, L] (N candidate actions per state). Image features and `q_rep` are
+  added by the caller under `image_features` [B, image_dim] and `q_rep` [B, (N,) rep_dim]."""
+  if len(observations) != len(actions):
+    raise ValueError(f"featurize: {len(observations)} observations but {len(actions)} actions")
+  enc = lambda xs: encode_texts(xs, cfg.text_vocab, cfg.max_text_tokens)
+  prevs, goals = zip(*(critic_text_fields(o) for o in observations)) if observations else ((), ())
+  prev_type, prev_text = zip(*(action_type_and_text(p) for p in prevs)) if prevs else ((), ())
+  batch = {"goal": enc(goals), "prev_type": enc(prev_type), "prev_text": enc(prev_text)}
+  if actions and not isinstance(actions[0], str):
+    n = {len(a) for a in actions}
+    if len(n) != 1:
+      raise ValueError(f"featurize: every state needs the same number of candidate actions, got {sorted(n)}")
+    flat = [a for cands in actions for a in cands]
+    types, texts = zip(*(action_type_and_text(a) for a in flat))
+    shape = (len(actions), n.pop(), cfg.max_text_tokens)
+    batch["act_type"] = enc(types).reshape(shape)
+    batch["act_text"] = enc(texts).reshape(shape)
+  else:
+    types, texts = zip(*(action_type_and_text(a) for a in actions)) if actions else ((), ())
+    batch["act_type"] = enc(types)
+    batch["act_text"] = enc(texts)
+  return batch
+
+
+# ------------------------------------------------------------------------------------------ modules
+
+
+def _torch_default_std(fan_in: int) -> float:
+  """std of torch.nn.Linear's default U(−1/√fan_in, 1/√fan_in) init, which the original heads use."""
+  return 1.0 / math.sqrt(3.0 * fan_in)
+
+
+class HashedTextEncoder(nnx.Module):
+  """Mean-pooled embedding bag over hashed text features → dense → tanh: our stand-in for a RoBERTa pooler."""
+
+  def __init__(self, vocab: int, dim: int, *, rngs: nnx.Rngs):
+    self.embed = layers.Embed(vocab, dim, rngs=rngs)
+    self.pool = layers.Dense(dim, dim, in_axes=("embed",), out_axes=("mlp",), use_bias=True,
+                             init_std=_torch_default_std(dim), rngs=rngs)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    m = (ids > 0).astype(jnp.float32)[..., None]
+    bag = jnp.sum(self.embed(ids) * m, axis=-2) / jnp.maximum(jnp.sum(m, axis=-2), 1.0)
+    return jnp.tanh(self.pool(bag))
+
+
+class MLPHead(nnx.Module):
+  """Linear → ReLU → … → Linear(out): one of the critic's heads."""
+
+  def __init__(self, in_dim: int, widths: Sequence[int], out_dim: int, *, rngs: nnx.Rngs):
+    dims = (in_dim,) + tuple(widths)
+    axes = ("embed", "mlp")
+    self.hidden = nnx.List([
+        layers.Dense(dims[i], dims[i + 1], in_axes=(axes[i % 2],), out_axes=(axes[(i + 1) % 2],),
+                     use_bias=True, init_std=_torch_default_std(dims[i]), rngs=rngs)
+        for i in range(len(widths))])
+    self.out = layers.Dense(dims[-1], out_dim, in_axes=(axes[len(widths) % 2],), out_axes=("value_out",),
+                            use_bias=True, init_std=_torch_default_std(dims[-1]), rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for layer in self.hidden:
+      x = jax.nn.relu(layer(x))
+    return self.out(x)
+
+
+class DigiQCritic(nnx.Module):
+  """Double Q over q_states and double V over v_states (§5.3). Inputs are a mapping of arrays:
+
+  goal, prev_type, prev_text [B, L] int32 (see `featurize`), image_features [B, image_dim];
+  act_type, act_text [B, (N,) L] and q_rep [B, (N,) rep_dim] for Q (N candidate actions per state optional).
+  """
+
+  def __init__(self, cfg: CriticConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.task_encoder = HashedTextEncoder(cfg.text_vocab, cfg.text_dim, rngs=rngs)
+    self.type_encoder = HashedTextEncoder(cfg.text_vocab, cfg.text_dim, rngs=rngs)
+    self.text_encoder = HashedTextEncoder(cfg.text_vocab, cfg.text_dim, rngs=rngs)
+    self.q1 = MLPHead(cfg.q_in, cfg.q_widths, cfg.out_dim, rngs=rngs)
+    self.q2 = MLPHead(cfg.q_in, cfg.q_widths, cfg.out_dim, rngs=rngs)
+    self.v1 = MLPHead(cfg.v_in, cfg.v_widths, cfg.out_dim, rngs=rngs)
+    self.v2 = MLPHead(cfg.v_in, cfg.v_widths, cfg.out_dim, rngs=rngs)
+
+  def state_features(self, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """v_states = [prev_type, prev_text, goal, image_features]  [B, v_in]."""
+    image = jnp.asarray(batch["image_features"], jnp.float32)
+    if image.shape[-1] != self.cfg.image_dim:
+      raise ValueError(f"DigiQCritic: image_features has width {image.shape[-1]} but "
+                       f"CriticConfig.image_dim={self.cfg.image_dim}; set image_dim to the feature width")
+    return jnp.concatenate([self.type_encoder(batch["prev_type"]), self.text_encoder(batch["prev_text"]),
+                            self.task_encoder(batch["goal"]), image], axis=-1)
+
+  def values(self, v_states: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(V1, V2) [B, out]."""
+    return self.v1(v_states), self.v2(v_states)
+
+  def q_values(self, v_states: jax.Array, act_type: jax.Array, act_text: jax.Array, q_rep: jax.Array
+               ) -> tuple[jax.Array, jax.Array]:
+    """(Q1, Q2) [B, (N,) out] of q_states = v_states ‖ [act_type, act_text, q_rep]."""
+    q_rep = jnp.asarray(q_rep, jnp.float32)
+    if q_rep.shape[-1] != self.cfg.rep_dim:
+      raise ValueError(f"DigiQCritic: q_rep has width {q_rep.shape[-1]} but CriticConfig.rep_dim="
+                       f"{self.cfg.rep_dim}; set rep_dim to the representation width")
+    act = jnp.concatenate([self.type_encoder(act_type), self.text_encoder(act_text), q_rep], axis=-1)
+    extra = act.ndim - v_states.ndim  # 1 when candidates carry an N axis
+    s = v_states.reshape(v_states.shape[:1] + (1,) * extra + v_states.shape[1:])
+    s = jnp.broadcast_to(s, act.shape[:-1] + v_states.shape[-1:])
+    q_states = jnp.concatenate([s, act], axis=-1)
+    return self.q1(q_states), self.q2(q_states)
+
+  def __call__(self, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(Q1, Q2, V1, V2), as `VLMDoubleCritic.forward` returns them."""
+    v_states = self.state_features(batch)
+    q1, q2 = self.q_values(v_states, batch["act_type"], batch["act_text"], batch["q_rep"])
+    v1, v2 = self.values(v_states)
+    return q1, q2, v1, v2

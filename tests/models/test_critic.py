@@ -1,0 +1,128 @@
+"""Digi-Q critic: shapes, paper widths, text-field extraction, gradient flow, sharding metadata."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxagent import sharding
+from jaxagent.models import critic as C
+from jaxagent.rl import losses
+
+TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": '
+       '"[0.7761, 0.7089]", "lift_point": "[0.7761, 0.7089]", "typed_text": ""')
+TYPE = ('Action Plan: [TYPE,PRESS_ENTER] ; Action Decision: "action_type": "TYPE", "touch_point": '
+        '"[-1.0, -1.0]", "lift_point": "[-1.0, -1.0]", "typed_text": "running shoes"')
+OBS0 = "Previous Actions: Goal: Search for running shoes on ebay</s>"
+OBS1 = ('Previous Actions: "action_type": "DUAL_POINT", "touch_point": "[0.5, 0.5]", "lift_point": '
+        '"[0.5, 0.5]", "typed_text": "" Goal: Open the settings app</s>')
+
+
+def _batch(cfg, actions, n=None, seed=0):
+  rng = np.random.default_rng(seed)
+  b = C.featurize([OBS0, OBS1], actions, cfg)
+  b["image_features"] = rng.normal(size=(2, cfg.image_dim)).astype(np.float32)
+  shape = (2, cfg.rep_dim) if n is None else (2, n, cfg.rep_dim)
+  b["q_rep"] = rng.normal(size=shape).astype(np.float32)
+  return {k: jnp.asarray(v) for k, v in b.items()}
+
+
+def test_text_fields_follow_the_original_critic_parse():
+  assert C.critic_text_fields(OBS0) == ("", "Search for running shoes on ebay")
+  prev, goal = C.critic_text_fields(OBS1)
+  assert goal == "Open the settings app" and prev.startswith('"action_type": "DUAL_POINT"')
+  assert C.action_type_and_text(TYPE) == ("TYPE", "running shoes")
+  assert C.action_type_and_text(TAP) == ("DUAL_POINT", "")
+  assert C.action_type_and_text("not an action") == ("not an action", "not an action")  # raw for both
+  assert C.action_type_and_text(prev) == ("DUAL_POINT", "")
+
+
+def test_hash_text_is_deterministic_and_padded():
+  ids = C.encode_texts(["Search shoes", ""], vocab=64, max_tokens=8)
+  assert ids.shape == (2, 8) and ids.dtype == np.int32
+  assert (ids[0] > 0).all() and (ids[1] == 0).all()  # 2 words + 10 trigrams truncated to 8; empty = all pad
+  assert C.hash_text("Search shoes", 64, 8) == ids[0].tolist()
+  assert ((ids >= 0) & (ids < 64)).all()
+
+
+def test_critic_output_shapes_single_and_candidates():
+  cfg = C.CriticConfig.tiny(image_dim=16, rep_dim=24)
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  q1, q2, v1, v2 = model(_batch(cfg, [TAP, TYPE]))
+  assert q1.shape == q2.shape == v1.shape == v2.shape == (2, 1)
+  cands = [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]]
+  batch = _batch(cfg, cands, n=3)
+  q1n, q2n, v1n, _ = model(batch)
+  assert q1n.shape == q2n.shape == (2, 3, 1) and v1n.shape == (2, 1)
+  # candidate k of the [B, N] call equals a single-action call with that candidate
+  single = dict(batch, act_type=batch["act_type"][:, 1], act_text=batch["act_text"][:, 1],
+                q_rep=batch["q_rep"][:, 1])
+  np.testing.assert_allclose(model(single)[0], q1n[:, 1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(model(single)[2], v1n, rtol=1e-6)  # V ignores the action
+
+
+def test_classification_heads_have_two_outputs():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, learn_metric="classification")
+  q1, _, v1, _ = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))(_batch(cfg, [TAP, TYPE]))
+  assert q1.shape == (2, 2) and v1.shape == (2, 2)
+
+
+def test_paper_widths_match_digiq():
+  cfg = C.CriticConfig.paper()
+  assert cfg.q_in == 10752 and cfg.q_widths == (10752, 3840, 3840, 3840)
+  assert cfg.v_in == 5120 and cfg.v_widths == (2304, 2304, 2304)
+  shapes = nnx.eval_shape(lambda: C.DigiQCritic(cfg, rngs=nnx.Rngs(0)))
+  kernels = [layer.kernel.get_value().shape for layer in shapes.q1.hidden] + [shapes.q1.out.kernel.get_value().shape]
+  assert kernels == [(10752, 10752), (10752, 3840), (3840, 3840), (3840, 3840), (3840, 1)]
+  vk = [layer.kernel.get_value().shape for layer in shapes.v1.hidden] + [shapes.v1.out.kernel.get_value().shape]
+  assert vk == [(5120, 2304), (2304, 2304), (2304, 2304), (2304, 1)]
+
+
+def test_td_loss_gradients_reach_every_parameter():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  target = C.DigiQCritic(cfg, rngs=nnx.Rngs(1))
+  batch = _batch(cfg, [TAP, TYPE])
+  next_batch = dict(batch, image_features=batch["image_features"] + 1.0)
+  r, done = jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0])
+
+  def loss_fn(m):
+    q1, q2, v1, v2 = m(batch)
+    tq1, tq2, _, _ = target(batch)
+    _, _, tv1, tv2 = target(next_batch)
+    y_q, y_v = losses.digiq_td_targets(r, done, 0.95, tq1[:, 0], tq2[:, 0], tv1[:, 0], tv2[:, 0])
+    return losses.digiq_critic_loss(q1, q2, v1, v2, y_q, y_v)[0]
+
+  grads = nnx.grad(loss_fn)(model)
+  norms = {jax.tree_util.keystr(p): float(jnp.linalg.norm(g)) for p, g in jax.tree_util.tree_leaves_with_path(grads)}
+  assert norms and all(np.isfinite(list(norms.values())))
+  dead = [k for k, v in norms.items() if v == 0.0 and "embedding" not in k]
+  assert not dead, f"no gradient reaches {dead}"
+  # embeddings get gradient through the features that occur in the batch
+  assert norms[[k for k in norms if "task_encoder" in k and "embedding" in k][0]] > 0
+
+
+def test_params_carry_logical_axes_and_shard():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
+  state = nnx.state(C.DigiQCritic(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  for var in jax.tree.leaves(state, is_leaf=is_var):
+    axes = var.get_metadata().get("logical_axes")
+    assert axes is not None and len(axes) == var.get_value().ndim
+    assert set(axes) <= {"embed", "mlp", "value_out", "vocab"}
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  specs = jax.tree.leaves(sharding.state_specs(state, mesh), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  assert any(len(s) for s in specs)  # something is actually split over the mesh
+
+
+def test_bad_feature_widths_name_the_field():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  batch = _batch(cfg, [TAP, TYPE])
+  with pytest.raises(ValueError, match="image_dim"):
+    model(dict(batch, image_features=jnp.zeros((2, 5))))
+  with pytest.raises(ValueError, match="rep_dim"):
+    model(dict(batch, q_rep=jnp.zeros((2, 5))))
+  with pytest.raises(ValueError, match="out_dim"):
+    C.CriticConfig(out_dim=3)
