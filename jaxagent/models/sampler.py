@@ -1,0 +1,188 @@
+"""Batched KV-cache sampling: prefill and the whole decode loop inside one `jax.jit`.
+
+Model protocol (what `sample` calls; `llama.Decoder` implements it, and a VLM either passes its merged
+prompt embeddings as `prompt_embeds` with its decoder as `model`, or exposes the same three methods):
+
+- `init_cache(batch, max_len, dtype) -> cache` (any pytree),
+- `hidden_states(input_ids=None, *, inputs_embeds=None, attention_mask, cache) -> (hidden [B,T,E], cache)`;
+  prefill passes the prompt (`input_ids` or `inputs_embeds`), each decode step passes `input_ids` [B,1],
+- `logits(hidden [..., E]) -> float32 logits [..., V]`.
+
+Prompts may be padded on either side (`prompt_mask` marks real tokens); each row continues from its own
+last real token, so its first generated token is `tokens[:, 0]` whatever its prompt length. Generation
+stops per row at an EOS id (the EOS is kept and counted in `lengths`; later slots hold `pad_id`) and for
+the batch when every row stopped or `max_new_tokens` is reached. Stop *strings* are applied on the host
+after decoding (`truncate_at_stop`, used by `generate`).
+
+`logprobs` are log π(token | prefix) under the model's own distribution at temperature 1, i.e.
+`log_softmax(logits)[token]` before temperature / top-k / top-p: the quantity RL objectives need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static sampling settings (hashable: one compilation per distinct config and shape)."""
+  max_new_tokens: int = 64
+  temperature: float = 1.0  # 0 → greedy (argmax)
+  top_k: int = 0  # 0 → off
+  top_p: float = 1.0  # 1 → off
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  cache_dtype: str | None = None  # default: the model's compute dtype
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens} must be ≥ 1")
+    if self.temperature < 0:
+      raise ValueError(f"SamplingConfig.temperature={self.temperature} must be ≥ 0 (0 is greedy)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingConfig.top_k={self.top_k} must be ≥ 0 (0 disables it)")
+    object.__setattr__(self, "eos_ids", tuple(int(i) for i in np.atleast_1d(self.eos_ids)))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SampleOutput:
+  tokens: jax.Array  # [B, max_new_tokens] int32, pad_id after a row's end
+  logprobs: jax.Array  # [B, max_new_tokens] float32, log_softmax(logits) at temperature 1; 0 after the end
+  lengths: jax.Array  # [B] int32, generated tokens per row including the EOS
+
+
+def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Temperature, then top-k, then top-p (nucleus) on [B, V] float32 logits; removed entries are -inf."""
+  logits = logits / config.temperature
+  if config.top_k:
+    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if config.top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    keep = (jnp.cumsum(probs, axis=-1) - probs) < config.top_p  # the top token is always kept
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+  return logits
+
+
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """Sampled tokens [B] and their temperature-1 log-probs [B]."""
+  if config.temperature == 0:
+    tokens = jnp.argmax(logits, axis=-1)
+  else:
+    tokens = jax.random.categorical(key, filter_logits(logits, config), axis=-1)
+  tokens = tokens.astype(jnp.int32)
+  logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, logprobs
+
+
+def _is_eos(tokens: jax.Array, config: SamplingConfig) -> jax.Array:
+  if not config.eos_ids:
+    return jnp.zeros(tokens.shape, bool)
+  return jnp.isin(tokens, jnp.asarray(config.eos_ids, jnp.int32))
+
+
+def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, config: SamplingConfig) -> SampleOutput:
+  b, t = prompt_mask.shape
+  n = config.max_new_tokens
+  prompt_mask = prompt_mask.astype(bool)
+  cache = model.init_cache(b, t + n, config.cache_dtype)
+  if prompt_embeds is None:
+    hidden, cache = model.hidden_states(prompt_ids, attention_mask=prompt_mask, cache=cache)
+  else:
+    hidden, cache = model.hidden_states(inputs_embeds=prompt_embeds, attention_mask=prompt_mask, cache=cache)
+  last = t - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=1)  # each row's last real token, either padding side
+  logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+  rng, key = jax.random.split(rng)
+  token, logprob = _choose(logits, key, config)
+  tokens = jnp.full((b, n), config.pad_id, jnp.int32).at[:, 0].set(token)
+  logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logprob)
+  done = _is_eos(token, config)
+  lengths = jnp.ones((b,), jnp.int32)
+
+  def cond(state):
+    step, _, _, _, _, done, _, _ = state
+    return (step < n) & ~jnp.all(done)
+
+  def body(state):
+    step, token, cache, tokens, logprobs, done, lengths, rng = state
+    hidden, cache = model.hidden_states(token[:, None], attention_mask=~done[:, None], cache=cache)
+    rng, key = jax.random.split(rng)
+    token, logprob = _choose(model.logits(hidden[:, 0]), key, config)
+    token = jnp.where(done, config.pad_id, token)
+    logprob = jnp.where(done, 0.0, logprob)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+    logprobs = jax.lax.dynamic_update_slice(logprobs, logprob[:, None], (0, step))
+    lengths = jnp.where(done, lengths, step + 1)
+    done = done | _is_eos(token, config)
+    return step + 1, token, cache, tokens, logprobs, done, lengths, rng
+
+  state = (jnp.int32(1), token, cache, tokens, logprobs, done, lengths, rng)
+  _, _, _, tokens, logprobs, _, lengths, _ = jax.lax.while_loop(cond, body, state)
+  return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths)
+
+
+_sample_jit = jax.jit(_sample, static_argnames=("config",))
+
+
+def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: SamplingConfig = SamplingConfig(),
+           *, rng: jax.Array | None = None, prompt_embeds: jax.Array | None = None) -> SampleOutput:
+  """Generate up to `config.max_new_tokens` for each row of a padded prompt batch (see module docstring).
+
+  prompt_ids [B, T] int (or `prompt_embeds` [B, T, E] for a VLM's merged prompt); prompt_mask [B, T] bool.
+  """
+  if (prompt_ids is None) == (prompt_embeds is None):
+    raise ValueError("sample: pass exactly one of prompt_ids or prompt_embeds")
+  prompt_mask = jnp.asarray(prompt_mask, bool)
+  if not bool(jnp.all(jnp.any(prompt_mask, axis=1))):
+    raise ValueError("sample: every row of prompt_mask needs at least one real token")
+  rng = jax.random.key(0) if rng is None else rng
+  ids = None if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
+  return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, config)
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
+  """Cut `text` before the earliest occurrence of any stop string."""
+  cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
+  return text[:cut]
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
+
+
+def generate(model, tokenizer, prompts: list[str], config: SamplingConfig | None = None, *,
+             stop: Sequence[str] = (), rng: jax.Array | None = None, pad_to_multiple: int = 16,
+             **config_kwargs: Any) -> list[str]:
+  """Text in, text out: tokenise (right-padded to a multiple of `pad_to_multiple` to limit recompiles),
+  sample, decode each row up to its length, cut at the first stop string.
+
+  EOS ids default to the tokenizer's `eos_token_id`; keyword arguments override `SamplingConfig` fields.
+  """
+  if config is None:
+    eos = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    config_kwargs.setdefault("eos_ids", eos)
+    config_kwargs.setdefault("pad_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    config = SamplingConfig(**config_kwargs)
+  elif config_kwargs:
+    config = dataclasses.replace(config, **config_kwargs)
+  encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+  width = _round_up(max(len(e) for e in encoded), pad_to_multiple)
+  ids = np.full((len(prompts), width), config.pad_id, np.int32)
+  mask = np.zeros((len(prompts), width), bool)
+  for row, e in enumerate(encoded):
+    ids[row, :len(e)] = e
+    mask[row, :len(e)] = True
+  out = jax.device_get(sample(model, ids, mask, config, rng=rng))
+  texts = [tokenizer.decode(out.tokens[row, :out.lengths[row]].tolist(), skip_special_tokens=True)
+           for row in range(len(prompts))]
+  return [truncate_at_stop(text, stop) for text in texts]
