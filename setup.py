@@ -31,6 +31,7 @@ setup(
         "pillow",
         "fastapi",
         "uvicorn",
+        "python-multipart",  # form posts on the bundled sites (starlette Request.form)
         "httpx",
     ],
     extras_require={

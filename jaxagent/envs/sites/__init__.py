@@ -1,0 +1,15 @@
+"""jaxagent's own small internet: bundled sites on a local HTTP server, task suites, loaders.
+
+  base = ensure_server()                      # one loopback server per process (free port)
+  task = episode_task(task)                   # bind a bundled-site task to a fresh session on it
+  suites = generate(seed=0)                   # {"train": [...], "test": [...]} over the web/text/device profiles
+  tasks = load_tasks("suite/web_test.jsonl")  # validated; errors name the line and field
+
+See README.md in this directory for the sites, the URL scheme and the suites' make-up.
+"""
+
+from jaxagent.envs.sites.server import (PLACEHOLDER, SiteServer, ensure_server, episode_task, fetch_state,
+                                        new_session, reset_session, stop_server)
+from jaxagent.envs.sites.tasks import (BUNDLED_SITES, PROFILES, TaskFileError, check_site, generate, load_tasks,
+                                       suite_summary, validate, write_suite)
+from jaxagent.envs.sites.loaders import load_webarena, load_webvoyager

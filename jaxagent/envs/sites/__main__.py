@@ -1,0 +1,36 @@
+"""Command line: `python -m jaxagent.envs.sites serve --port 8080` | `tasks --out DIR [--seed 0]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jaxagent.envs.sites import server, tasks
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m jaxagent.envs.sites", description=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+  serve = sub.add_parser("serve", help="serve the bundled sites until interrupted")
+  serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+  serve.add_argument("--host", default="127.0.0.1")
+  serve.add_argument("--seed", type=int, default=0)
+  gen = sub.add_parser("tasks", help="write the task suites as JSONL")
+  gen.add_argument("--out", required=True, help="output directory")
+  gen.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(argv)
+
+  if args.command == "serve":
+    s = server.SiteServer(port=args.port, host=args.host, seed=args.seed)
+    print(f"serving the bundled sites on {s.base_url}  (try {s.base_url}/s/demo/launcher/)", flush=True)
+    s.serve_forever()
+    return 0
+  paths = tasks.write_suite(args.out, seed=args.seed)
+  counts = {name: sum(1 for _ in open(path)) for name, path in paths.items()}
+  print(json.dumps({"out": args.out, "seed": args.seed, "tasks": counts}, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,137 @@
+"""`SiteServer`: the bundled sites on a loopback port, under uvicorn in a background thread.
+
+`ensure_server()` starts one per process on first use (port 0 picks a free port) and returns its base URL;
+`episode_task(task)` turns a bundled-site task into one bound to a fresh session on that server, which is all
+an environment needs: `__SITES__` in the task's URLs becomes `http://127.0.0.1:<port>/s/<session>`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import socket
+import threading
+import time
+import uuid
+
+import httpx
+import uvicorn
+
+from jaxagent.envs.sites import app as app_lib
+
+PLACEHOLDER = "__SITES__"
+
+
+class SiteServer:
+  """A real HTTP server for the sites; a context manager, also `start()`/`stop()`."""
+
+  def __init__(self, port: int = 0, host: str = "127.0.0.1", seed: int = 0):
+    self.host, self.seed = host, seed
+    self.app = app_lib.create_app(seed)
+    self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self._sock.bind((host, port))
+    self.port = self._sock.getsockname()[1]
+    config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+    self._server = uvicorn.Server(config)
+    self._thread: threading.Thread | None = None
+
+  @property
+  def base_url(self) -> str:
+    return f"http://{self.host}:{self.port}"
+
+  def start(self, timeout: float = 20.0) -> "SiteServer":
+    if self._thread is not None:
+      return self
+    self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                    name=f"site-server-{self.port}", daemon=True)
+    self._thread.start()
+    deadline = time.monotonic() + timeout
+    while not self._server.started:
+      if not self._thread.is_alive() or time.monotonic() > deadline:
+        raise RuntimeError(f"site server on {self.base_url} did not start within {timeout} s")
+      time.sleep(0.01)
+    return self
+
+  def stop(self) -> None:
+    if self._thread is None:
+      return
+    self._server.should_exit = True
+    self._thread.join(timeout=10)
+    self._thread = None
+    self._sock.close()
+
+  def serve_forever(self) -> None:
+    """Blocks (the `serve` command)."""
+    self._server.run(sockets=[self._sock])
+
+  def __enter__(self) -> "SiteServer":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+
+_server: SiteServer | None = None
+_server_lock = threading.Lock()
+
+
+def ensure_server(seed: int = 0) -> str:
+  """The base URL of this process's site server, started on first call (free port, stopped at exit)."""
+  global _server
+  with _server_lock:
+    if _server is None or _server._thread is None:
+      _server = SiteServer(seed=seed).start()
+      atexit.register(_server.stop)
+    elif _server.seed != seed:
+      raise ValueError(f"this process's site server serves seed {_server.seed}, not {seed}; "
+                       f"start a SiteServer(seed={seed}) yourself to serve both")
+    return _server.base_url
+
+
+def stop_server() -> None:
+  global _server
+  with _server_lock:
+    if _server is not None:
+      _server.stop()
+      _server = None
+
+
+def new_session() -> str:
+  return uuid.uuid4().hex[:16]
+
+
+def resolve(url: str, base_url: str, session: str) -> str:
+  return url.replace(PLACEHOLDER, f"{base_url.rstrip('/')}/s/{session}")
+
+
+def episode_task(task, base_url: str | None = None, session: str | None = None):
+  """`task` bound to a new session on the site server (started if need be).
+
+  Returns a copy whose `start_url` and `meta["home_url"]` are absolute, `allowed_origins` is the server's origin
+  and `meta` gains `session`, `base_url` and `state_url` (the evaluators read them). Tasks of other sites
+  (MiniWoB, the live web) come back unchanged.
+  """
+  from jaxagent.envs.sites import tasks as tasks_lib  # noqa: PLC0415 (tasks imports this module)
+  if PLACEHOLDER not in task.start_url:
+    return task
+  tasks_lib.check_site(task)
+  base_url = base_url or ensure_server(task.seed)
+  session = session or new_session()
+  meta = dict(task.meta)
+  for key in ("home_url",):
+    if key in meta:
+      meta[key] = resolve(meta[key], base_url, session)
+  meta.update(session=session, base_url=base_url, state_url=f"{base_url}/__state__/{session}")
+  return dataclasses.replace(task, start_url=resolve(task.start_url, base_url, session), meta=meta,
+                             allowed_origins=(base_url,))
+
+
+def fetch_state(base_url: str, session: str, timeout: float = 10.0) -> dict:
+  r = httpx.get(f"{base_url.rstrip('/')}/__state__/{session}", timeout=timeout)
+  r.raise_for_status()
+  return r.json()
+
+
+def reset_session(base_url: str, session: str, timeout: float = 10.0) -> None:
+  httpx.delete(f"{base_url.rstrip('/')}/__state__/{session}", timeout=timeout).raise_for_status()

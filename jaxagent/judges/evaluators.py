@@ -1,0 +1,253 @@
+"""Programmatic evaluators, as in WebArena (`reference/algorithms.md` §3.1, `new/evaluators.py`).
+
+A task's `evaluator` spec picks the checks:
+
+  {"kind": "string_match", "exact_match": "42"}            # WebArena StringEvaluator, on the final answer
+  {"kind": "string_match", "must_include": ["$12.99"]}      # every item must appear in the answer
+  {"kind": "string_match", "fuzzy_match": ["..."]}          # a judge callable decides (unjudged without one)
+  {"kind": "url_match", "url": "/shop/c/audio?sort=rating"} # WebArena URLExactEvaluator, "GOLD in PRED"
+  {"kind": "state_match", "checks": [{"path": "cart", "contains": {"product_id": 3}},
+                                     {"path": "settings.wifi", "equals": false}]}  # the sites' server state
+  {"kind": "all", "checks": [spec, ...]}                    # EvaluatorComb: scores multiply
+
+Each check returns a `Verdict(success, reason)`; `success` is 1.0 / 0.0, or None when the check cannot be
+judged here (a fuzzy match with no judge, WebArena's `program_html`), and the reason says why.
+For a bundled site the relative reference URL is compared with the final URL's path inside its session
+(`/s/<session>`), and the state comes from the site server's `/__state__/<session>` endpoint; the session is read
+from `trajectory.meta["state_url"]`, `task.meta["state_url"]`, or the trajectory's URLs.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Any, Callable
+
+import httpx
+
+from jaxagent.types import ActionKind, Task, Trajectory, Verdict
+
+# fuzzy(intent, reference, prediction) -> score in [0, 1] (WebArena's llm_fuzzy_match)
+FuzzyJudge = Callable[[str, str, str], float]
+StateFetcher = Callable[[str], dict]  # state_url -> state JSON
+SESSION_URL = re.compile(r"^(https?://[^/]+)/s/([A-Za-z0-9_.-]+)(/.*)?$")
+
+
+# ---------------------------------------------------------------------------------------- trajectory facts
+
+
+def final_answer(trajectory: Trajectory) -> str:
+  if trajectory.answer:
+    return trajectory.answer
+  for step in reversed(trajectory.steps):
+    if step.action is not None and step.action.kind == ActionKind.ANSWER:
+      return step.action.text
+  return ""
+
+
+def final_url(trajectory: Trajectory) -> str:
+  """The page the episode ended on: `meta["final_url"]` if the collector set it, else the last step's URL."""
+  if trajectory.meta.get("final_url"):
+    return trajectory.meta["final_url"]
+  for step in reversed(trajectory.steps):
+    if step.info.get("next_url"):
+      return step.info["next_url"]
+    if step.url:
+      return step.url
+  return ""
+
+
+def state_url(task: Task, trajectory: Trajectory) -> str:
+  for meta in (trajectory.meta, trajectory.task.meta if trajectory.task else {}, task.meta):
+    if meta.get("state_url"):
+      return meta["state_url"]
+  for url in [trajectory.meta.get("final_url", "")] + [s.url for s in reversed(trajectory.steps)]:
+    m = SESSION_URL.match(url or "")
+    if m:
+      return f"{m.group(1)}/__state__/{m.group(2)}"
+  return ""
+
+
+# -------------------------------------------------------------------------------------------- string match
+
+
+def clean_answer(answer: str) -> str:
+  """WebArena's StringEvaluator.clean_answer: strip, drop one pair of surrounding quotes, lower-case."""
+  answer = answer.strip()
+  if len(answer) >= 2 and answer[0] == answer[-1] and answer[0] in "'\"":
+    answer = answer[1:-1]
+  return answer.lower()
+
+
+def string_match(spec: dict[str, Any], prediction: str, intent: str = "",
+                 fuzzy: FuzzyJudge | None = None) -> Verdict:
+  pred = clean_answer(prediction)
+  if "exact_match" in spec:
+    ref = clean_answer(str(spec["exact_match"]))
+    ok = pred == ref
+    return Verdict(float(ok), f"exact_match: answer {pred!r} {'==' if ok else '!='} {ref!r}")
+  if "must_include" in spec:
+    refs = [clean_answer(str(r)) for r in _as_list(spec["must_include"])]
+    missing = [r for r in refs if r not in pred]
+    return Verdict(float(not missing), "must_include: all found" if not missing
+                   else f"must_include: answer {pred!r} lacks {missing}")
+  if "fuzzy_match" in spec:
+    refs = _as_list(spec["fuzzy_match"])
+    if fuzzy is None:
+      return Verdict(None, "fuzzy_match needs a judge: pass fuzzy=<callable(intent, reference, prediction)>")
+    scores = [float(fuzzy(intent, str(r), prediction)) for r in refs]
+    ok = all(s >= 0.5 for s in scores)
+    return Verdict(float(ok), f"fuzzy_match: judge scores {scores}")
+  raise ValueError(f"string_match evaluator {spec} needs one of 'exact_match', 'must_include', 'fuzzy_match'")
+
+
+def _as_list(x: Any) -> list:
+  return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+# ----------------------------------------------------------------------------------------------- URL match
+
+
+def site_relative(url: str) -> str:
+  """`http://host/s/<session>/shop/c/x?y=1` -> `/shop/c/x?y=1`; other URLs unchanged."""
+  m = SESSION_URL.match(url)
+  if not m:
+    return url
+  return m.group(3) or "/"
+
+
+def url_match(spec: dict[str, Any], pred_url: str) -> Verdict:
+  """WebArena's URLExactEvaluator ("GOLD in PRED"); references may be joined with ' |OR| '.
+
+  Paths must match (a trailing slash aside): exactly for site-relative references, as a substring of
+  netloc + path for absolute ones (WebArena's rule); every reference query value must be present.
+  """
+  refs = [r.strip() for r in str(spec["url"]).split(" |OR| ")]
+  if not pred_url:
+    return Verdict(0.0, "url_match: the trajectory has no final URL")
+  for ref in refs:
+    relative = ref.startswith("/")
+    pred = urllib.parse.urlparse(site_relative(pred_url) if relative else pred_url)
+    gold = urllib.parse.urlparse(ref)
+    pred_path, gold_path = pred.path.rstrip("/") or "/", gold.path.rstrip("/") or "/"
+    base_ok = (pred_path == gold_path) if relative else (gold.netloc + gold_path) in (pred.netloc + pred_path)
+    pred_q, gold_q = urllib.parse.parse_qs(pred.query), urllib.parse.parse_qs(gold.query)
+    query_ok = all(any(v in pred_q.get(k, []) for v in vals) for k, vals in gold_q.items())
+    if base_ok and query_ok:
+      return Verdict(1.0, f"url_match: {pred_url} matches {ref}")
+  return Verdict(0.0, f"url_match: final URL {site_relative(pred_url)} does not match {' or '.join(refs)}")
+
+
+# --------------------------------------------------------------------------------------------- state match
+
+
+def matches(actual: Any, expected: Any) -> bool:
+  """`expected` is a pattern: a dict matches a dict key by key, or a list if any item matches; strings
+  compare after strip + lower-case; other values by equality."""
+  if isinstance(actual, list) and not isinstance(expected, list):
+    return any(matches(a, expected) for a in actual)
+  if isinstance(expected, dict):
+    return isinstance(actual, dict) and all(k in actual and matches(actual[k], v) for k, v in expected.items())
+  return _scalar_equal(actual, expected)
+
+
+def _scalar_equal(actual: Any, expected: Any) -> bool:
+  if isinstance(expected, str) and isinstance(actual, str):
+    return actual.strip().lower() == expected.strip().lower()
+  if isinstance(actual, bool) or isinstance(expected, bool):  # True must not equal 1
+    return actual is expected
+  return actual == expected
+
+
+def equals(actual: Any, expected: Any) -> bool:
+  """Like `matches`, but a list must equal a list item by item (no "any item" rule)."""
+  if isinstance(expected, list) or isinstance(actual, list):
+    return (isinstance(expected, list) and isinstance(actual, list) and len(actual) == len(expected)
+            and all(equals(a, e) for a, e in zip(actual, expected)))
+  if isinstance(expected, dict):
+    return isinstance(actual, dict) and all(k in actual and equals(actual[k], v) for k, v in expected.items())
+  return _scalar_equal(actual, expected)
+
+
+def _lookup(state: dict, path: str) -> tuple[bool, Any]:
+  node: Any = state
+  for key in path.split("."):
+    if not isinstance(node, dict) or key not in node:
+      return False, None
+    node = node[key]
+  return True, node
+
+
+def state_match(spec: dict[str, Any], state: dict) -> Verdict:
+  checks = spec.get("checks")
+  if not isinstance(checks, list) or not checks:
+    raise ValueError(f"state_match evaluator {spec} needs 'checks': [{{'path': ..., 'contains'|'equals': ...}}]")
+  for check in checks:
+    found, value = _lookup(state, check["path"])
+    if not found:
+      return Verdict(0.0, f"state_match: the state has no {check['path']!r}")
+    if "equals" in check and not equals(value, check["equals"]):
+      return Verdict(0.0, f"state_match: {check['path']} is {value!r}, expected {check['equals']!r}")
+    if "contains" in check and not (isinstance(value, list) and matches(value, check["contains"])):
+      return Verdict(0.0, f"state_match: no item of {check['path']} matches {check['contains']!r} "
+                          f"(it holds {value!r})")
+    if "absent" in check and isinstance(value, list) and matches(value, check["absent"]):
+      return Verdict(0.0, f"state_match: {check['path']} holds an item matching {check['absent']!r}")
+  return Verdict(1.0, f"state_match: {len(checks)} check(s) hold")
+
+
+def http_state(url: str, timeout: float = 10.0) -> dict:
+  r = httpx.get(url, timeout=timeout)
+  r.raise_for_status()
+  return r.json()
+
+
+# ------------------------------------------------------------------------------------------------- judge
+
+
+class ProgrammaticJudge:
+  """The `Judge` for tasks with an evaluator spec; `fuzzy` judges fuzzy string matches when given."""
+
+  def __init__(self, fuzzy: FuzzyJudge | None = None, fetch_state: StateFetcher = http_state):
+    self.fuzzy = fuzzy
+    self.fetch_state = fetch_state
+
+  def evaluate(self, task: Task, trajectory: Trajectory) -> Verdict:
+    if not task.evaluator:
+      return Verdict(None, f"task {task.id!r} has no evaluator spec; use an LLM judge or the ORM")
+    return self.check(task.evaluator, task, trajectory)
+
+  def check(self, spec: dict[str, Any], task: Task, trajectory: Trajectory) -> Verdict:
+    kind = spec.get("kind")
+    if kind == "string_match":
+      return string_match(spec, final_answer(trajectory), task.intent, self.fuzzy)
+    if kind == "url_match":
+      return url_match(spec, final_url(trajectory))
+    if kind == "state_match":
+      url = state_url(task, trajectory)
+      if not url:
+        return Verdict(0.0, "state_match: no session found (no state_url in meta and no /s/<session>/ URL visited)")
+      try:
+        state = self.fetch_state(url)
+      except (httpx.HTTPError, OSError) as e:
+        return Verdict(None, f"state_match: could not read {url}: {e}")
+      return state_match(spec, state)
+    if kind == "program_html":
+      return Verdict(None, "program_html needs WebArena's page locators; judge this task with an LLM judge or ORM")
+    if kind == "all":
+      verdicts = [self.check(s, task, trajectory) for s in spec["checks"]]
+      reason = "; ".join(v.reason for v in verdicts)
+      if any(v.success == 0.0 for v in verdicts):
+        return Verdict(0.0, reason)
+      if any(v.success is None for v in verdicts):
+        return Verdict(None, reason)
+      score = 1.0
+      for v in verdicts:
+        score *= v.success
+      return Verdict(score, reason)
+    raise ValueError(f"task {task.id!r}: evaluator kind {kind!r} is unknown; use string_match, url_match, "
+                     "state_match, program_html or all")
+
+
+def evaluate(task: Task, trajectory: Trajectory, fuzzy: FuzzyJudge | None = None) -> Verdict:
+  return ProgrammaticJudge(fuzzy).evaluate(task, trajectory)

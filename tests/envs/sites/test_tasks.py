@@ -1,0 +1,119 @@
+"""Task suites: sizes, splits with disjoint entities, the held-out family, determinism, validation errors."""
+
+import json
+import re
+
+import pytest
+
+from jaxagent.envs import sites
+from jaxagent.envs.sites import catalog, server, tasks
+from jaxagent.types import Task
+
+
+@pytest.fixture(scope="module")
+def suite():
+  return tasks.generate(seed=0)
+
+
+def _entity(task: Task) -> str:
+  m = re.search(r"/(p|t)/(\d+)'", json.dumps(task.oracle))
+  return f"{m.group(1)}{m.group(2)}" if m else ""
+
+
+def test_sizes_per_profile(suite):
+  for profile in tasks.PROFILES:
+    assert sum(t.profile == profile for t in suite["train"]) >= 1000
+    assert sum(t.profile == profile for t in suite["test"]) >= 200
+  kinds = {t.evaluator["kind"] for t in suite["test"]}
+  assert kinds == {"string_match", "url_match", "state_match"}
+
+
+def test_splits_have_disjoint_entities_and_a_held_out_family(suite):
+  train = {_entity(t) for t in suite["train"]} - {""}
+  test = {_entity(t) for t in suite["test"]} - {""}
+  assert train and test and not train & test
+  train_templates = {t.template for t in suite["train"]}
+  for held_out in tasks.HELD_OUT_TEMPLATES:
+    assert held_out not in train_templates
+    assert any(t.template == held_out for t in suite["test"])
+
+
+def test_generation_is_deterministic_and_ids_unique(suite):
+  again = tasks.generate(seed=0)
+  assert [t.to_json() for t in again["test"]] == [t.to_json() for t in suite["test"]]
+  ids = [t.id for split in suite.values() for t in split]
+  assert len(ids) == len(set(ids))
+  assert tasks.generate(seed=1)["test"][0].intent != suite["test"][0].intent
+
+
+def test_answers_agree_with_the_world(suite):
+  world = catalog.build_world(0)
+  for t in suite["test"]:
+    if t.template == "shop_price":
+      pid = int(_entity(t)[1:])
+      assert t.evaluator["must_include"] == [world.product(pid).price]
+      assert t.oracle[-1] == {"op": "answer", "text": world.product(pid).price}
+    if t.template == "forum_replies":
+      assert t.evaluator["exact_match"] == str(world.thread(int(_entity(t)[1:])).replies)
+
+
+def test_device_tasks_start_on_the_launcher(suite):
+  dev = [t for t in suite["test"] if t.profile == "device"]
+  assert all(t.start_url == "__SITES__/launcher/" and t.oracle[0]["selector"].startswith("#app-") for t in dev)
+  assert all(t.meta["home_url"] == "__SITES__/launcher/" for t in dev)
+
+
+def test_write_and_load_round_trip(tmp_path):
+  paths = tasks.write_suite(str(tmp_path), seed=0)
+  loaded = sites.load_tasks(paths["device_test"])
+  assert len(loaded) >= 200 and all(t.profile == "device" and t.split == "test" for t in loaded)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.pop("intent"), "'intent'"),
+    (lambda d: d.update(profile="tablet"), "'profile'"),
+    (lambda d: d.update(site="bank"), "'site'"),
+    (lambda d: d.update(evaluator={"kind": "vibes"}), "'evaluator.kind'"),
+    (lambda d: d.update(oracle=[{"op": "click"}]), "'oracle[0].selector'"),
+    (lambda d: d.update(colour="red"), "unknown field(s) ['colour']"),
+    (lambda d: d.update(start_url="http://example.com/"), "'start_url'"),
+])
+def test_malformed_task_file_names_line_and_field(tmp_path, suite, mutate, field):
+  good = suite["test"][0].to_json()
+  bad = dict(good, id="bad")
+  mutate(bad)
+  path = tmp_path / "tasks.jsonl"
+  path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n")
+  with pytest.raises(tasks.TaskFileError) as e:
+    sites.load_tasks(str(path))
+  assert f"{path}:3:" in str(e.value) and field in str(e.value)
+
+
+def test_bad_json_and_duplicate_ids_are_named(tmp_path, suite):
+  good = json.dumps(suite["test"][0].to_json())
+  path = tmp_path / "t.jsonl"
+  path.write_text(good + "\n{not json\n")
+  with pytest.raises(tasks.TaskFileError, match=r":2: "):
+    sites.load_tasks(str(path))
+  path.write_text(good + "\n" + good + "\n")
+  with pytest.raises(tasks.TaskFileError, match=r":2: field 'id'"):
+    sites.load_tasks(str(path))
+
+
+def test_unknown_site_fails_before_any_server_or_browser():
+  task = Task(id="x", intent="do it", site="bank", start_url="__SITES__/bank/")
+  server.stop_server()
+  with pytest.raises(ValueError, match="field 'site' is 'bank'"):
+    sites.episode_task(task)
+  assert server._server is None  # nothing was started
+
+
+def test_episode_task_binds_a_session(suite):
+  t = next(t for t in suite["test"] if t.profile == "device")
+  bound = sites.episode_task(t, base_url="http://127.0.0.1:9", session="ep1")
+  assert bound.start_url == "http://127.0.0.1:9/s/ep1/launcher/"
+  assert bound.meta["home_url"] == "http://127.0.0.1:9/s/ep1/launcher/"
+  assert bound.meta["state_url"] == "http://127.0.0.1:9/__state__/ep1"
+  assert bound.allowed_origins == ("http://127.0.0.1:9",)
+  other = sites.episode_task(t, base_url="http://127.0.0.1:9")
+  assert other.meta["session"] != "ep1"
