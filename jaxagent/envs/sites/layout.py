@@ -46,7 +46,8 @@ gap:12px;align-items:center;flex-wrap:wrap;z-index:10}#cookie-banner p{margin:0;
 border-radius:16px;display:flex;align-items:center;justify-content:center;font-size:28px;font-weight:700}
 body.launcher{background:linear-gradient(#3a4a7a,#1f2a44);min-height:100vh}.clock{color:#fff;text-align:center;
 font-size:44px;margin-top:30px}footer{color:#667;text-align:center;padding:20px;font-size:13px}
-@media (max-width:640px){.layout{flex-direction:column}aside{width:auto}header form{max-width:none;width:100%}
+@media (max-width:640px){.layout{flex-direction:column}aside{width:auto}aside ul{display:flex;flex-wrap:wrap;
+gap:4px 14px}header form{max-width:none;flex-basis:100%;order:3}
 .grid{grid-template-columns:1fr}nav.cats{gap:10px;font-size:16px}th,td{padding:8px 6px}button,.btn{padding:11px 18px}
 .chips a,.chips span{padding:7px 14px}main{padding:10px}}
 """
