@@ -257,18 +257,29 @@ class EnvPool:
 
   def reset(self, tasks: Sequence[types.Task | None] | Mapping[int, types.Task]) -> list[SlotResult | None]:
     """Starts a new episode of `tasks[i]` in slot i (a new task resets the slot's retry count)."""
-    commands = self._as_commands(tasks, "tasks")
-    for slot, task in commands.items():
-      self._episodes[slot] = _Episode(task)
-    return self._run({slot: ("reset", task) for slot, task in commands.items()})
+    return self.advance(resets=self._as_commands(tasks, "tasks"))
 
   def step(self, actions: Sequence[types.Action | None] | Mapping[int, types.Action]) -> list[SlotResult | None]:
     """Executes `actions[i]` in slot i; a crash there restarts the slot's episode (see `SlotResult`)."""
-    commands = self._as_commands(actions, "actions")
-    for slot in commands:
+    return self.advance(steps=self._as_commands(actions, "actions"))
+
+  def advance(self, resets: Mapping[int, types.Task] | None = None,
+              steps: Mapping[int, types.Action] | None = None) -> list[SlotResult | None]:
+    """Resets some slots and steps others in ONE parallel round (a collector refills finished slots
+    while the rest keep stepping)."""
+    resets, steps = dict(resets or {}), dict(steps or {})
+    both = sorted(set(resets) & set(steps))
+    if both:
+      raise ValueError(f"EnvPool.advance: slot(s) {both} given both a task and an action")
+    self._as_commands({**resets, **steps}, "commands")  # validates slot numbers
+    for slot in steps:
       if self._episodes[slot] is None:
         raise RuntimeError(f"EnvPool.step: slot {slot} has no episode running; call reset with a task first")
-    return self._run({slot: ("step", action) for slot, action in commands.items()})
+    for slot, task in resets.items():
+      self._episodes[slot] = _Episode(task)
+    commands = {slot: ("reset", task) for slot, task in resets.items()}
+    commands.update({slot: ("step", action) for slot, action in steps.items()})
+    return self._run(commands)
 
   def close(self) -> None:
     """Stops every worker and kills whatever they started; safe to call twice."""

@@ -1,0 +1,168 @@
+"""Rollouts: a `Policy` driving every slot of an `EnvPool`, one batched policy call per step.
+
+Each round, the observations of all live episodes go to ONE `policy.act(observations, histories)` call (a
+model batches them into one forward pass); the texts are parsed into actions (`parse` never raises: an
+unparsable text is an `invalid` action, which the env executes as a no-op and whose reason comes back in the
+next observation's `error`), and the pool steps all slots at once while slots whose episode just ended are
+reset with the next task in the same round, so no browser idles while tasks remain.
+
+An episode ends when the env says done, the agent answers (`Action.ends_episode`), or it reaches
+`task.max_steps` (status "truncated"). A crash restarts it from scratch (the steps of the failed attempt are
+dropped, the error kept in `meta["errors"]`); once the pool's retries are exhausted it is returned with status
+"errored". Every task gives exactly one trajectory, in the order of `tasks`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from jaxagent import types
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.envs.pool import EnvPool, SlotResult
+from jaxagent.rl.returns import mc_return
+
+ObsText = Callable[[types.Task, types.Observation, list[types.Step]], str]
+
+
+@dataclasses.dataclass
+class _Live:
+  index: int  # position in `tasks`
+  traj: types.Trajectory
+  obs: types.Observation | None = None
+
+
+def _default_obs_text(parse) -> ObsText | None:
+  """An agent format's `observation_text`, when `parse` is its bound `parse` method."""
+  owner = getattr(parse, "__self__", None)
+  return getattr(owner, "observation_text", None)
+
+
+def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Action],
+            tasks: Sequence[types.Task], store: TrajectoryStore | None = None, progress: bool = True, *,
+            gamma: float = 1.0, judge: types.Judge | None = None, obs_text: ObsText | None = None,
+            policy_name: str = "", keep_screenshots: bool = True) -> list[types.Trajectory]:
+  """Runs every task once; returns their trajectories in task order (also appended to `store` if given).
+
+  Args:
+    gamma: discount of each step's `mc_return` (`rl.returns.mc_return`; DigiRL 0.5, WebRL 0.9, Digi-Q 0.95).
+    judge: fills `success` / `verdict_reason` of finished (non-errored) episodes; without one, `success`
+      is left None.
+    obs_text: `(task, observation, history) -> str` stored as `Step.obs_text` (default: the agent format's
+      `observation_text` when `parse` is a bound `AgentFormat.parse`).
+    keep_screenshots: keep screenshot arrays on the returned steps' observations (they are written to the
+      store either way); False saves memory on long runs.
+  """
+  obs_text = obs_text or _default_obs_text(parse)
+  queue = collections.deque(enumerate(tasks))
+  live: dict[int, _Live] = {}
+  done: list[types.Trajectory | None] = [None] * len(tasks)
+  bar = _Progress(len(tasks), progress)
+
+  def finish(slot: int, status: str, error: str = "") -> None:
+    ep = live.pop(slot)
+    traj = ep.traj
+    traj.status, traj.error = status, error
+    traj.final_observation = ep.obs
+    returns = mc_return(np.array([s.reward for s in traj.steps], np.float32), gamma)
+    for s, g in zip(traj.steps, returns):
+      s.mc_return = float(g)
+    if judge is not None and status != "errored":
+      verdict = judge.evaluate(traj.task, traj)
+      traj.success, traj.verdict_reason = verdict.success, verdict.reason
+    if store is not None:
+      store.append(traj)
+    if not keep_screenshots:
+      for o in [s.observation for s in traj.steps] + [traj.final_observation]:
+        if o is not None:
+          o.screenshot = None
+    done[ep.index] = traj
+    bar.update(traj)
+
+  def started(slot: int, result: SlotResult) -> None:
+    ep = live[slot]
+    ep.traj.attempts = result.attempt
+    ep.traj.meta["errors"] = list(result.errors)
+    if result.errored:
+      finish(slot, "errored", result.errors[-1] if result.errors else "errored")
+      return
+    ep.traj.steps = []  # a restarted episode begins again
+    ep.obs = result.obs
+
+  resets: dict[int, types.Task] = {}
+  steps: dict[int, types.Action] = {}
+  texts: dict[int, str] = {}
+  try:
+    while queue or live:
+      for slot in range(len(pool)):
+        if slot not in live and queue:
+          index, task = queue.popleft()
+          live[slot] = _Live(index, types.Trajectory(task, policy=policy_name))
+          resets[slot] = task
+      results = pool.advance(resets=resets, steps=steps)
+      for slot in resets:
+        started(slot, results[slot])
+      for slot, action in steps.items():
+        result, ep = results[slot], live[slot]
+        if result.errored or result.restarted:
+          started(slot, result)
+          continue
+        history = list(ep.traj.steps)
+        ep.traj.steps.append(types.Step(
+            step=len(history), obs_text=obs_text(ep.traj.task, ep.obs, history) if obs_text else "",
+            action_text=texts[slot], action=action, reward=result.reward, done=result.done, url=ep.obs.url,
+            info=result.info, observation=ep.obs))
+        ep.obs = result.obs
+        if action.kind == types.ActionKind.INVALID and not ep.obs.error:
+          ep.obs.error = action.reason  # the no-op's feedback, for envs that do not echo it themselves
+        if action.ends_episode:
+          ep.traj.answer = action.text
+        if result.done or action.ends_episode:
+          finish(slot, "truncated" if result.info.get("truncated") else "completed")
+        elif len(ep.traj.steps) >= ep.traj.task.max_steps:
+          finish(slot, "truncated")
+      resets, steps, texts = {}, {}, {}
+      if live:
+        slots = sorted(live)
+        outs = policy.act([live[s].obs for s in slots], [list(live[s].traj.steps) for s in slots])
+        if len(outs) != len(slots):
+          raise ValueError(f"policy.act returned {len(outs)} texts for {len(slots)} observations")
+        for slot, text in zip(slots, outs):
+          texts[slot] = text
+          steps[slot] = parse(text)
+  finally:
+    bar.close()
+  return done  # type: ignore[return-value]
+
+
+class _Progress:
+  """tqdm bar: episodes/s, success rate (the judge's verdict, else reward > 0) and errored count."""
+
+  def __init__(self, total: int, enabled: bool):
+    self.bar = None
+    if enabled:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self.bar = tqdm.tqdm(total=total, unit="ep", dynamic_ncols=True, desc="collect")
+    self.start = time.monotonic()
+    self.n = self.judged = self.errored = 0
+    self.success = 0.0
+
+  def update(self, traj: types.Trajectory) -> None:
+    self.n += 1
+    self.errored += traj.status == "errored"
+    if traj.status != "errored":
+      self.judged += 1
+      self.success += traj.success if traj.success is not None else float(traj.trajectory_reward > 0)
+    if self.bar is not None:
+      rate = self.n / max(time.monotonic() - self.start, 1e-9)
+      sr = f"{self.success / self.judged:.0%}" if self.judged else "n/a"
+      self.bar.set_postfix_str(f"{rate:.2f} ep/s, success {sr}, errored {self.errored}", refresh=False)
+      self.bar.update(1)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
