@@ -29,6 +29,7 @@ setup(
         "tqdm",
         "numpy",
         "pillow",
+        "psutil",
         "fastapi",
         "uvicorn",
         "python-multipart",  # form posts on the bundled sites (starlette Request.form)

@@ -1,0 +1,168 @@
+"""MiniWoB++ (the `miniwob` pip package's HTML tasks) on `BrowserEnv`: a real benchmark nobody here wrote.
+
+Every task the package ships is a task suite (`task_names()`): the `html/miniwob/*.html` pages and the
+FlightWoB wrappers (`flight.<Site>`). The package's HTML is served by a tiny threaded HTTP server on 127.0.0.1,
+started once per process. An episode is driven by the page's own JavaScript, as `miniwob`'s
+`SeleniumInstance` does: `Math.seedrandom(seed)`, `core.setDataMode(mode)`, `core.startEpisodeReal()`, then
+wait for `WOB_TASK_READY`; reward and done are read from `WOB_RAW_REWARD_GLOBAL` / `WOB_REWARD_GLOBAL` and
+`WOB_DONE_GLOBAL`; the utterance (`core.getUtterance()`) is the observation's intent.
+
+The viewport is the task area itself (160x210 CSS px; 375x667 for FlightWoB), so screenshots and set-of-marks
+show only the task. Observers and actions are the web profile's (`observation="som"|"a11y"|"html"`).
+
+Rewards: `reward="raw"` (default) gives the task's reward without MiniWoB's time discount, so success is 1.0;
+`reward="time_scaled"` gives the package's default (`WOB_REWARD_GLOBAL`). Both are in `info`.
+
+Episodes: by default the page is loaded once per task name and each `reset` restarts the episode in place
+(MiniWoB's own design, `refresh_freq=0`); `fresh_context=True` opens a fresh context and reloads every episode.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import pathlib
+import threading
+import time
+from typing import Any, Iterable
+
+from jaxagent.envs.browser import BrowserEnv
+from jaxagent.envs.profiles import Profile
+from jaxagent.types import Task
+
+MINIWOB_PROFILE = Profile("miniwob", 160, 210)
+FLIGHT_PROFILE = Profile("miniwob-flight", 375, 667)
+_READY_TIMEOUT_S = 2.0
+
+# --------------------------------------------------------------------------------- local HTTP server
+
+_SERVERS: dict[str, http.server.ThreadingHTTPServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args) -> None:
+    pass
+
+
+def serve_directory(directory: str | pathlib.Path) -> str:
+  """Serves `directory` over HTTP on 127.0.0.1 (once per process and directory); returns its base URL."""
+  directory = str(pathlib.Path(directory).resolve())
+  with _SERVERS_LOCK:
+    server = _SERVERS.get(directory)
+    if server is None:
+      handler = functools.partial(_QuietHandler, directory=directory)
+      server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+      server.daemon_threads = True
+      threading.Thread(target=server.serve_forever, name=f"http:{directory}", daemon=True).start()
+      _SERVERS[directory] = server
+  host, port = server.server_address[:2]
+  return f"http://{host}:{port}/"
+
+
+def html_dir() -> pathlib.Path:
+  import miniwob  # pylint: disable=g-import-not-at-top
+
+  return pathlib.Path(miniwob.__file__).resolve().parent / "html"
+
+
+def base_url() -> str:
+  return serve_directory(html_dir())
+
+
+# ------------------------------------------------------------------------------------------ task suite
+
+
+def task_names() -> list[str]:
+  """Every task the package ships: `html/miniwob/<name>.html` and `flight.<Site>` (FlightWoB)."""
+  root = html_dir()
+  names = sorted(p.stem for p in (root / "miniwob").glob("*.html"))
+  names += sorted(f"flight.{p.parent.name}" for p in (root / "flight").glob("*/wrapper.html"))
+  return names
+
+
+def task_path(name: str) -> str:
+  if name.startswith("flight."):
+    return f"flight/{name.split('.', 1)[1]}/wrapper.html"
+  return f"miniwob/{name}.html"
+
+
+def make_task(name: str, seed: int = 0, max_steps: int = 10, split: str = "train") -> Task:
+  """One seeded MiniWoB episode. The intent is filled in from the page's utterance at reset."""
+  if name not in task_names():
+    raise ValueError(f"MiniWoB task {name!r} does not exist; see jaxagent.envs.miniwob.task_names()")
+  return Task(id=f"miniwob/{name}/{seed}", intent="", site="miniwob", start_url=base_url() + task_path(name),
+              profile="miniwob", max_steps=max_steps, split=split, template=name, seed=seed,
+              meta={"miniwob_task": name})
+
+
+def suite(names: Iterable[str] | None = None, seeds: Iterable[int] = range(10), max_steps: int = 10,
+          split: str = "train") -> list[Task]:
+  """Tasks for `names` (default: all) x `seeds`."""
+  names = task_names() if names is None else list(names)
+  return [make_task(n, s, max_steps, split) for n in names for s in seeds]
+
+
+# ------------------------------------------------------------------------------------------------- env
+
+
+class MiniWoBEnv(BrowserEnv):
+  """`BrowserEnv` on MiniWoB++ pages; reward and done come from the page's JavaScript."""
+
+  def __init__(self, observation: str = "som", reward: str = "raw", fresh_context: bool = False,
+               data_mode: str = "train", episode_max_time_ms: int | None = None, **kwargs: Any):
+    if reward not in ("raw", "time_scaled"):
+      raise ValueError(f"reward={reward!r}; use 'raw' (success = 1.0) or 'time_scaled' (MiniWoB's default)")
+    kwargs.setdefault("idle_timeout_ms", 0)
+    super().__init__(profile=MINIWOB_PROFILE, observation=observation, **kwargs)
+    self.reward = reward
+    self.fresh_context = fresh_context
+    self.data_mode = data_mode
+    self.episode_max_time_ms = episode_max_time_ms
+    self._loaded_url: str | None = None
+    self._utterance = ""
+
+  def _check_task(self, task: Task) -> None:
+    if task.site != "miniwob" or "miniwob_task" not in task.meta:
+      raise ValueError(f"Task {task.id!r} is not a MiniWoB task; build it with jaxagent.envs.miniwob.make_task")
+
+  def _begin(self, task: Task) -> None:
+    profile = FLIGHT_PROFILE if task.meta["miniwob_task"].startswith("flight.") else MINIWOB_PROFILE
+    reload = (self.fresh_context or self._context is None or self._page is None or self._page.is_closed()
+              or self._loaded_url != task.start_url or profile != self.profile)
+    if reload:
+      self.profile = profile
+      self._loaded_url = None
+      self._new_context(task)
+      self._page.goto(task.start_url, wait_until="load", timeout=self.load_timeout_ms)
+      self._page.wait_for_function("() => typeof core !== 'undefined' && core.cover_div !== null",
+                                   timeout=self.load_timeout_ms)
+      self._loaded_url = task.start_url
+    else:
+      self._targets, self._blocked, self._downloads = {}, [], []
+      self._page.evaluate("() => core.endEpisode(0)")  # force-stop a running episode (no-op if none)
+    self._page.evaluate(
+        """([seed, mode, maxTime]) => {
+             Math.seedrandom(seed);
+             core.setDataMode(mode);
+             if (maxTime !== null) core.EPISODE_MAX_TIME = maxTime;
+             core.startEpisodeReal();
+           }""", [task.seed, self.data_mode, self.episode_max_time_ms])
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while not self._page.evaluate("() => WOB_TASK_READY"):
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"MiniWoB task {task.meta['miniwob_task']!r} never became ready")
+      time.sleep(0.02)
+    utterance = self._page.evaluate("() => core.getUtterance()")
+    self._utterance = utterance["utterance"] if isinstance(utterance, dict) else utterance
+
+  def _intent(self) -> str:
+    return self._utterance
+
+  def _reward_done(self) -> tuple[float, bool, dict[str, Any]]:
+    meta = self._page.evaluate(
+        "() => ({done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,"
+        " reason: WOB_REWARD_REASON})")
+    reward = float(meta["raw_reward"] if self.reward == "raw" else meta["env_reward"]) if meta["done"] else 0.0
+    return reward, bool(meta["done"]), {"utterance": self._utterance, "raw_reward": meta["raw_reward"],
+                                        "env_reward": meta["env_reward"], "reason": meta["reason"]}

@@ -1,0 +1,238 @@
+"""BrowserEnv on real Chromium and small local pages served by a real HTTP server."""
+
+import os
+import signal
+import textwrap
+
+import numpy as np
+import psutil
+import pytest
+
+from jaxagent.envs.browser import FAIL_OBS, BrowserCrashed, BrowserEnv
+from jaxagent.envs.miniwob import serve_directory
+from jaxagent.types import Action, ActionKind, Task
+
+pytestmark = pytest.mark.browser
+
+PAGES = {
+    "index.html": """
+      <html><head><title>Fixture</title></head><body style="margin:0">
+      <h1 id="status">idle</h1>
+      <button id="a" style="position:absolute;left:20px;top:80px;width:120px;height:40px"
+              onclick="document.getElementById('status').textContent='clicked A'">Alpha</button>
+      <button id="b" style="position:absolute;left:200px;top:80px;width:120px;height:40px"
+              onclick="document.getElementById('status').textContent='clicked B'">Beta</button>
+      <form style="position:absolute;left:20px;top:160px"
+            onsubmit="event.preventDefault();document.getElementById('status').textContent='searched '+this.q.value">
+        <input name="q" type="text" aria-label="Search box" value="old" style="width:200px;height:30px">
+      </form>
+      <select id="size" style="position:absolute;left:20px;top:220px;width:120px;height:30px"
+              onchange="document.getElementById('status').textContent='size '+this.value">
+        <option value="s">Small</option><option value="m">Medium</option><option value="l">Large</option>
+      </select>
+      <a id="next" href="next.html" style="position:absolute;left:20px;top:280px">Next page</a>
+      <a id="away" href="http://example.invalid/elsewhere" style="position:absolute;left:200px;top:280px">Away</a>
+      <a id="tab" href="next.html" target="_blank" style="position:absolute;left:400px;top:280px">New tab</a>
+      <a id="dl" href="data.csv" download style="position:absolute;left:600px;top:280px">Download</a>
+      <div style="position:absolute;top:3000px">bottom</div>
+      </body></html>""",
+    "next.html": "<html><head><title>Next</title></head><body><h1>Second page</h1></body></html>",
+    "data.csv": "a,b\n1,2\n",
+    "phone.html": """
+      <html><head><meta name="viewport" content="width=device-width, initial-scale=1"><title>Phone</title></head>
+      <body style="margin:0"><h1 id="status">idle</h1>
+      <div id="pad" style="position:absolute;left:0;top:400px;width:100%;height:200px;background:#88f"
+           onclick="document.getElementById('status').textContent='tapped pad'"></div>
+      <div style="height:4000px"></div></body></html>""",
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+  root = tmp_path_factory.mktemp("site")
+  for name, text in PAGES.items():
+    (root / name).write_text(textwrap.dedent(text))
+  return serve_directory(root)
+
+
+@pytest.fixture(scope="module")
+def env():
+  e = BrowserEnv(profile="web", observation="som")
+  yield e
+  e.close()
+
+
+def _task(site, page="index.html", **kw):
+  return Task(id="t", intent="do it", site="fixture", start_url=site + page, **kw)
+
+
+def _status(env):
+  return env.page.inner_text("#status")
+
+
+def _index(obs, text):
+  return next(e.index for e in obs.elements if e.text == text)
+
+
+def test_reset_observes_page_with_screenshot_and_marks(env, site):
+  obs = env.reset(_task(site))
+  assert obs.url == site + "index.html" and obs.title == "Fixture" and obs.intent == "do it"
+  assert obs.screenshot.shape == (768, 1024, 3) and obs.screenshot.dtype == np.uint8
+  assert '<button> "Alpha";' in obs.element_text and '"Next page";' in obs.element_text
+  assert '<input> "Search box";' in obs.element_text  # empty text input: its aria-label
+  assert env.page.evaluate("document.querySelectorAll('div[style*=dashed]').length") == 0  # marks removed
+
+
+def test_som_click_by_index_hits_that_element(env, site):
+  obs = env.reset(_task(site))
+  obs, reward, done, info = env.step(Action(ActionKind.CLICK, element=_index(obs, "Beta")))
+  assert _status(env) == "clicked B" and obs.error == "" and reward == 0.0 and not done
+  assert info["url"] == site + "index.html"
+
+
+def test_a11y_ids_click_the_named_node(env, site):
+  env.observation = "a11y"
+  try:
+    obs = env.reset(_task(site))
+    line = next(l for l in obs.a11y_tree.split("\n") if "button 'Alpha'" in l)
+    node_id = int(line.strip().split("]")[0][1:])
+    assert obs.a11y_tree.startswith("[1] RootWebArea 'Fixture'")
+    env.step(Action(ActionKind.CLICK, element=node_id))
+    assert _status(env) == "clicked A"
+  finally:
+    env.observation = "som"
+
+
+def test_html_ids_click_the_labelled_element(env, site):
+  env.observation = "html"
+  try:
+    obs = env.reset(_task(site))
+    beta = next(e for e in obs.elements if e.text == "Beta")
+    assert f'<button id="{beta.index}"' in obs.html and "data-bbox=" in obs.html
+    env.step(Action(ActionKind.CLICK, element=beta.index))
+    assert _status(env) == "clicked B"
+  finally:
+    env.observation = "som"
+
+
+def test_type_clears_types_and_presses_enter(env, site):
+  obs = env.reset(_task(site))
+  box = next(e.index for e in obs.elements if e.tag == "input")
+  env.step(Action(ActionKind.TYPE, element=box, text="blue shoes", enter=True))
+  assert _status(env) == "searched blue shoes"
+
+
+def test_select_option_by_text(env, site):
+  obs = env.reset(_task(site))
+  sel = next(e.index for e in obs.elements if e.tag == "select")
+  env.step(Action(ActionKind.SELECT, element=sel, text="medium"))
+  assert _status(env) == "size m"
+
+
+def test_link_navigation_back_and_forward(env, site):
+  obs = env.reset(_task(site))
+  obs, *_ = env.step(Action(ActionKind.CLICK, element=_index(obs, "Next page")))
+  assert obs.url == site + "next.html" and obs.title == "Next"
+  obs, *_ = env.step(Action(ActionKind.BACK))
+  assert obs.url == site + "index.html"
+  obs, *_ = env.step(Action(ActionKind.FORWARD))
+  assert obs.url == site + "next.html"
+  obs, *_ = env.step(Action(ActionKind.RESTART))
+  assert obs.url == site + "index.html"
+
+
+def test_navigation_outside_allowed_origins_is_blocked(env, site):
+  obs = env.reset(_task(site))
+  obs, _, done, info = env.step(Action(ActionKind.CLICK, element=_index(obs, "Away")))
+  assert obs.url == site + "index.html" and not done
+  assert "blocked" in obs.error and "example.invalid" in obs.error
+  assert info["blocked"] == ["http://example.invalid/elsewhere"]
+  obs, *_ = env.step(Action(ActionKind.GOTO, url="http://example.invalid/other"))
+  assert obs.url == site + "index.html" and "blocked" in obs.error
+
+
+def test_new_tab_becomes_active_and_download_is_saved(env, site):
+  obs = env.reset(_task(site))
+  obs, _, _, info = env.step(Action(ActionKind.CLICK, element=_index(obs, "Download")))
+  assert len(info["downloads"]) == 1 and open(info["downloads"][0]).read() == "a,b\n1,2\n"
+  obs, *_ = env.step(Action(ActionKind.CLICK, element=_index(obs, "New tab")))
+  assert obs.url == site + "next.html" and len(env.page.context.pages) == 2
+
+
+def test_scroll_window_moves_two_thirds_of_viewport(env, site):
+  env.reset(_task(site))
+  env.step(Action(ActionKind.SCROLL, direction="down"))
+  assert env.page.evaluate("window.scrollY") == pytest.approx(768 * 2 / 3, abs=1)
+  env.step(Action(ActionKind.SCROLL, direction="up"))
+  assert env.page.evaluate("window.scrollY") == 0
+
+
+def test_failing_and_invalid_actions_feed_back_errors_without_raising(env, site):
+  env.reset(_task(site))
+  obs, reward, done, info = env.step(Action(ActionKind.CLICK, element=999))
+  assert obs.error == FAIL_OBS and info["error"] == FAIL_OBS and not done
+  obs, *_ = env.step(Action.invalid("Format ERROR: Both 'Thought' and 'Action' should be included in your reply.\n"))
+  assert obs.error.startswith("Format ERROR")
+  obs, *_ = env.step(Action(ActionKind.WAIT))
+  assert obs.error == ""
+
+
+def test_answer_ends_episode_and_max_steps_truncate(env, site):
+  env.reset(_task(site))
+  _, _, done, info = env.step(Action(ActionKind.ANSWER, text="42"))
+  assert done and info["answer"] == "42"
+  with pytest.raises(RuntimeError, match="after the episode ended"):
+    env.step(Action(ActionKind.WAIT))
+  env.reset(_task(site, max_steps=2))
+  assert not env.step(Action(ActionKind.NOOP))[2]
+  _, _, done, info = env.step(Action(ActionKind.NOOP))
+  assert done and info["truncated"]
+
+
+def test_fresh_context_per_episode_without_relaunch(env, site):
+  env.reset(_task(site))
+  pid = env.browser_pid
+  env.page.evaluate("localStorage.setItem('k', 'v')")
+  env.reset(_task(site))
+  assert env.page.evaluate("localStorage.getItem('k')") is None and env.browser_pid == pid
+
+
+def test_device_profile_tap_at_normalised_point_and_swipe(site):
+  with BrowserEnv(profile="device", observation="som") as dev:
+    obs = dev.reset(_task(site, "phone.html"))
+    assert obs.screenshot.shape == (915, 412, 3)
+    # The pad spans y in [400, 600] CSS px of a 915 px tall screen.
+    dev.step(Action(ActionKind.CLICK, x=0.5, y=500 / 915, normalized=True))
+    assert dev.page.inner_text("#status") == "tapped pad"
+    dev.step(Action(ActionKind.SWIPE, x=0.5, y=0.8, x2=0.5, y2=0.2, normalized=True))
+    assert dev.page.evaluate("window.scrollY") > 100
+    obs, *_ = dev.step(Action(ActionKind.HOME))
+    assert obs.url == site + "phone.html"
+
+
+def _chromium_children():
+  out = []
+  for p in psutil.Process().children(recursive=True):
+    try:
+      if "chrom" in p.name().lower() and p.status() != psutil.STATUS_ZOMBIE:
+        out.append(p.pid)
+    except psutil.NoSuchProcess:
+      pass
+  return out
+
+
+def test_killed_chromium_raises_then_reset_relaunches_and_close_leaves_nothing(site):
+  crash_env = BrowserEnv(profile="text", observation="a11y")
+  crash_env.reset(_task(site))
+  pid = crash_env.browser_pid
+  assert pid is not None and psutil.pid_exists(pid)
+  os.kill(pid, signal.SIGKILL)
+  psutil.Process(pid).wait(5) if psutil.pid_exists(pid) else None
+  with pytest.raises(BrowserCrashed):
+    crash_env.step(Action(ActionKind.WAIT))
+  obs = crash_env.reset(_task(site))
+  assert crash_env.browser_pid not in (None, pid) and obs.title == "Fixture" and obs.screenshot is None
+  pids = [crash_env.browser_pid] + [c.pid for c in psutil.Process(crash_env.browser_pid).children(recursive=True)]
+  crash_env.close()
+  assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+  assert not set(pids) & set(_chromium_children())
