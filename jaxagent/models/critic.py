@@ -104,8 +104,9 @@ _PREV_RE = re.compile(r"Previous Actions: (.*?)Goal:")
 _GOAL_RE = re.compile(r"Goal: (.*?)</s>")
 
 
-def _critic_parse_action(action: str) -> dict[str, str | None]:
-  """`VLMDoubleCritic.parse_action`: each `"key": "value"` pair by regex, None when absent."""
+def parse_action_fields(action: str) -> dict[str, str | None]:
+  """Digi-Q's `parse_action` (critic, cursor overlay, SFT data): each `"key": "value"` pair of an AutoUI
+  action string by regex, None when absent."""
   out = {}
   for key, pattern in _ACTION_RE.items():
     m = pattern.search(action)
@@ -113,7 +114,7 @@ def _critic_parse_action(action: str) -> dict[str, str | None]:
   return out
 
 
-def _critic_action_parses(fields: Mapping[str, str | None]) -> bool:
+def action_points_parse(fields: Mapping[str, str | None]) -> bool:
   """`VLMDoubleCritic.is_action_valid`: touch and lift points `literal_eval` (weaker than the actor's check)."""
   try:
     ast.literal_eval(fields["touch_point"])
@@ -126,8 +127,8 @@ def _critic_action_parses(fields: Mapping[str, str | None]) -> bool:
 def action_type_and_text(action: str) -> tuple[str, str]:
   """(action_type, typed_text) of an AutoUI action string; the raw string for both when it does not parse
   (`VLMDoubleCritic.parse_action_string`)."""
-  fields = _critic_parse_action(action)
-  if _critic_action_parses(fields):
+  fields = parse_action_fields(action)
+  if action_points_parse(fields):
     return fields["action_type"] or "", fields["typed_text"] or ""
   return action, action
 
