@@ -1,7 +1,8 @@
 """A pool of environment subprocesses stepped together that survives its browsers' crashes and hangs.
 
-Each slot is one worker process (started with `spawn`, never `fork`: Playwright and JAX hold threads) that
-owns one environment, hence one browser. `reset` and `step` address any subset of slots; the commands go out
+Each slot is one worker process that owns one environment, hence one browser. Workers are fresh Python
+interpreters (`python -c`, never `fork`: Playwright and JAX hold threads; and unlike multiprocessing's
+`spawn` they do not re-import the caller's `__main__`, so a script without a `__main__` guard works). `reset` and `step` address any subset of slots; the commands go out
 to all of them first and the answers are gathered as they come, so N browsers work in parallel.
 
 A worker whose env raises (e.g. `BrowserCrashed`), whose process dies, or which does not answer within the
@@ -9,7 +10,7 @@ timeout is killed together with everything it started, and a fresh worker takes 
 running is retried from `reset` up to `max_retries` times (the caller gets `SlotResult.restarted` with the
 new first observation), then given up (`SlotResult.errored`). Nothing is silently lost.
 
-Every process a worker starts (the Playwright driver, Chromium and its renderers) inherits the environment
+A worker and every process it starts (the Playwright driver, Chromium and its renderers) carry the environment
 variable `JAXAGENT_ENV_WORKER=<pool>/<slot>/<generation>`. Playwright puts Chromium in a session of its own,
 so process groups cannot find it; this marker, read from `/proc/<pid>/environ`, can, even after the worker
 has died and its children were re-parented. `close()` (also via the context manager, `atexit`, and SIGTERM
@@ -21,10 +22,12 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import itertools
-import multiprocessing as mp
 from multiprocessing import connection as mp_connection
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -108,10 +111,15 @@ def _watch_parent(marker: str) -> None:
       os._exit(1)
 
 
-def _worker_main(conn: mp_connection.Connection, spec: dict[str, Any], marker: str) -> None:
-  """Builds one env and serves ("reset", task) / ("step", action) / ("close", None) until told to stop."""
-  os.environ[MARKER_ENV] = marker  # inherited by every process the env starts
+_WORKER_CODE = "import sys; from jaxagent.envs.pool import _worker_main; _worker_main(int(sys.argv[1]))"
+
+
+def _worker_main(fd: int) -> None:
+  """Receives an env spec, builds the env, serves ("reset", task) / ("step", action) / ("close", None)."""
+  conn = mp_connection.Connection(fd)
+  marker = os.environ[MARKER_ENV]
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+  spec = conn.recv()
   threading.Thread(target=_watch_parent, args=(marker,), daemon=True).start()
   try:
     env = registry.make_env(spec)
@@ -144,7 +152,7 @@ def _worker_main(conn: mp_connection.Connection, spec: dict[str, Any], marker: s
 
 @dataclasses.dataclass
 class _Worker:
-  process: Any
+  process: subprocess.Popen
   conn: mp_connection.Connection
   marker: str
   ready: bool = False
@@ -223,7 +231,6 @@ class EnvPool:
     self.restarts = 0  # workers replaced after a crash or hang
     self.failures: list[str] = []  # every failure seen, "slot i attempt k: why"
     self._id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    self._ctx = mp.get_context("spawn")
     self._generation = itertools.count()
     self._episodes: list[_Episode | None] = [None] * num_workers
     self._closed = False
@@ -295,7 +302,10 @@ class EnvPool:
         pass
     deadline = time.monotonic() + self.close_timeout
     for w in workers:
-      w.process.join(max(0.0, deadline - time.monotonic()))
+      try:
+        w.process.wait(max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        pass
     for w in workers:
       self._kill(w)
     _kill_marked(self._id)
@@ -319,20 +329,28 @@ class EnvPool:
 
   def _start_worker(self, slot: int) -> _Worker:
     marker = f"{self._id}/{slot}/{next(self._generation)}"
-    parent_conn, child_conn = self._ctx.Pipe()
-    process = self._ctx.Process(target=_worker_main, args=(child_conn, self.spec, marker),
-                                name=f"envpool-{slot}", daemon=True)
-    process.start()
-    child_conn.close()
-    return _Worker(process, parent_conn, marker)
+    parent_sock, child_sock = socket.socketpair()
+    env = {**os.environ, MARKER_ENV: marker,
+           "PYTHONPATH": os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)}
+    try:
+      process = subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(child_sock.fileno())], env=env,
+                                 pass_fds=[child_sock.fileno()], start_new_session=True)
+    finally:
+      child_sock.close()
+    conn = mp_connection.Connection(parent_sock.detach())
+    conn.send(self.spec)
+    return _Worker(process, conn, marker)
 
   def _kill(self, w: _Worker) -> None:
     try:
       os.kill(w.process.pid, signal.SIGKILL)
-    except (ProcessLookupError, TypeError):
+    except ProcessLookupError:
       pass
     _kill_marked(w.marker)
-    w.process.join(5)
+    try:
+      w.process.wait(5)
+    except subprocess.TimeoutExpired:
+      pass
     w.conn.close()
 
   def _wait_ready(self) -> None:
@@ -369,8 +387,8 @@ class EnvPool:
     while pending:
       now = time.monotonic()
       wait_s = max(0.0, min(p.deadline for p in pending.values()) - now)
-      handles = [self._workers[s].conn for s in pending] + [self._workers[s].process.sentinel for s in pending]
-      mp_connection.wait(handles, timeout=wait_s)
+      # A dead worker's socket reads EOF, so waiting on the connections also catches deaths.
+      mp_connection.wait([self._workers[s].conn for s in pending], timeout=wait_s)
       for slot in list(pending):
         self._poll(slot, pending, results)
     return results
@@ -401,7 +419,7 @@ class EnvPool:
         results[slot] = SlotResult(payload, restarted=p.cmd == "retry", attempt=ep.attempt,
                                    errors=list(ep.errors))
       return None
-    if not w.process.is_alive():
+    if w.process.poll() is not None:
       return self._fail(slot, f"worker process died (exit code {self._exitcode(w)}) during {p.cmd}",
                         pending, results)
     if time.monotonic() > p.deadline:
@@ -410,8 +428,10 @@ class EnvPool:
 
   @staticmethod
   def _exitcode(w: _Worker) -> Any:
-    w.process.join(0.5)
-    return w.process.exitcode
+    try:
+      return w.process.wait(0.5)
+    except subprocess.TimeoutExpired:
+      return None
 
   def _fail(self, slot: int, why: str, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
     ep = self._episodes[slot]

@@ -156,7 +156,7 @@ def test_retries_exhausted_gives_errored_then_slot_is_reusable(pool, tmp_path):
 def test_every_helper_process_of_a_killed_worker_is_gone(pool, tmp_path):
   pool.reset({0: _task(0, **_fault(tmp_path, "c", "die", at=1))})
   marker = pool._workers[0].marker  # pylint: disable=protected-access
-  assert len(pool_lib.marked_pids(marker)) == 1, "the env's helper process should carry the marker"
+  assert len(pool_lib.marked_pids(marker)) == 2, "the worker and its env's helper should carry the marker"
   pool.step({0: _say("a")})
   assert not pool_lib.marked_pids(marker), "the dead worker's helper process outlived it"
 
@@ -177,7 +177,7 @@ def test_parent_exit_leaves_no_process_behind(ending, sig):
   code = _PARENT.format(path=sys.path, spec=SPEC, ending=ending)
   parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
   marker = parent.stdout.readline().strip()
-  assert marker and len(pool_lib.marked_pids(marker)) == 2  # the two helpers (workers carry no environ copy)
+  assert marker and len(pool_lib.marked_pids(marker)) == 4  # two workers and their two helpers
   if sig is not None:
     parent.send_signal(sig)
   parent.wait(30)
