@@ -9,6 +9,9 @@ A task's `evaluator` spec picks the checks:
   {"kind": "state_match", "checks": [{"path": "cart", "contains": {"product_id": 3}},
                                      {"path": "settings.wifi", "equals": false}]}  # the sites' server state
   {"kind": "all", "checks": [spec, ...]}                    # EvaluatorComb: scores multiply
+  {"kind": "any", "checks": [spec, ...]}                    # one passing check suffices (e.g. the answer, or
+                                                            # ending on the page that shows it: AitW's judge
+                                                            # reads the final screen, AutoUI cannot answer)
 
 Each check returns a `Verdict(success, reason)`; `success` is 1.0 / 0.0, or None when the check cannot be
 judged here (a fuzzy match with no judge, WebArena's `program_html`), and the reason says why.
@@ -245,8 +248,14 @@ class ProgrammaticJudge:
       for v in verdicts:
         score *= v.success
       return Verdict(score, reason)
+    if kind == "any":
+      verdicts = [self.check(s, task, trajectory) for s in spec["checks"]]
+      reason = " | ".join(v.reason for v in verdicts)
+      if any(v.success == 1.0 for v in verdicts):
+        return Verdict(1.0, reason)
+      return Verdict(None if any(v.success is None for v in verdicts) else 0.0, reason)
     raise ValueError(f"task {task.id!r}: evaluator kind {kind!r} is unknown; use string_match, url_match, "
-                     "state_match, program_html or all")
+                     "state_match, program_html, all or any")
 
 
 def evaluate(task: Task, trajectory: Trajectory, fuzzy: FuzzyJudge | None = None) -> Verdict:

@@ -149,6 +149,16 @@ def test_combination_multiplies():
   assert evaluators.evaluate(html, both).success is None
 
 
+def test_any_needs_one_passing_check():
+  spec = {"kind": "any", "checks": [{"kind": "string_match", "exact_match": "3"},
+                                    {"kind": "url_match", "url": "/forum/t/5"}]}
+  task = _task(spec)
+  assert evaluators.evaluate(task, _traj(task, "3", urls=["http://h/s/e/forum/"])).success == 1.0
+  assert evaluators.evaluate(task, _traj(task, "", urls=["http://h/s/e/forum/t/5"])).success == 1.0
+  v = evaluators.evaluate(task, _traj(task, "4", urls=["http://h/s/e/forum/t/6"]))
+  assert v.success == 0.0 and "exact_match" in v.reason and "url_match" in v.reason
+
+
 def test_no_spec_and_unknown_kind():
   assert evaluators.evaluate(_task({}), Trajectory(task=_task({}))).success is None
   with pytest.raises(ValueError, match="kind 'vibes'"):

@@ -198,7 +198,7 @@ def checkout(ctx: Ctx) -> str | Redirect:
     name, address = ctx.form.get("name", "").strip(), ctx.form.get("address", "").strip()
     if not ctx.state.cart or not name or not address:
       missing = "Your cart is empty." if not ctx.state.cart else "Please fill in your name and address."
-      return _checkout_form(ctx, missing)
+      return _checkout_form(ctx, missing, name, address)
     oid = 1000 + len(ctx.state.orders) + 1
     total = sum(ctx.world.product(i["product_id"]).price_cents * i["qty"] for i in ctx.state.cart)
     ctx.state.orders.append({"id": oid, "items": [dict(i) for i in ctx.state.cart], "name": name,
@@ -209,11 +209,12 @@ def checkout(ctx: Ctx) -> str | Redirect:
   return _checkout_form(ctx, "")
 
 
-def _checkout_form(ctx: Ctx, error: str) -> str:
-  err = f"<div class=error>{esc(error)}</div>" if error else ""
+def _checkout_form(ctx: Ctx, error: str, name: str = "", address: str = "") -> str:
+  """On an error the typed values stay, as on real shops (an Enter in one field submits the form early)."""
+  err = f"<div class=error id=checkout-error>{esc(error)}</div>" if error else ""
   body = (f"<h1>Checkout</h1>{err}<form class=stack method=post action='{ctx.url('shop/checkout')}'>"
-          f"<label for=name>Full name</label><input type=text id=name name=name autocomplete=off>"
-          f"<label for=address>Shipping address</label><input type=text id=address name=address autocomplete=off>"
+          f"<label for=name>Full name</label><input type=text id=name name=name autocomplete=off value='{esc(name)}'>"
+          f"<label for=address>Shipping address</label><input type=text id=address name=address autocomplete=off value='{esc(address)}'>"
           f"<fieldset><legend>Shipping</legend><label><input type=radio name=shipping value=standard checked> "
           f"Standard (free)</label><label><input type=radio name=shipping value=express> Express ($9.99)</label>"
           f"</fieldset><p><button type=submit id=place-order>Place order</button></p></form>")

@@ -31,13 +31,14 @@ BUNDLED_SITES = ("shop", "forum", "settings", "launcher")
 OTHER_SITES = ("web", "miniwob")  # the live web (WebVoyager / WebArena files) and MiniWoB++
 PROFILES = ("web", "text", "device")
 ORACLE_OPS = {"click": ("selector",), "type": ("selector", "text"), "answer": ("text",), "stop": ()}
-EVALUATOR_KINDS = ("string_match", "url_match", "state_match", "program_html", "all")
+EVALUATOR_KINDS = ("string_match", "url_match", "state_match", "program_html", "all", "any")
 HELD_OUT_TEMPLATES = ("shop_cheapest",)
 TEST_SETTINGS = ("notifications", "location")
 PEOPLE = ("Ada Lovelace", "Alan Turing", "Grace Hopper", "Edsger Dijkstra", "Barbara Liskov", "Donald Knuth",
           "Frances Allen", "John Backus", "Radia Perlman", "Ken Thompson")
 STREETS = ("Maple Street", "Harbour Road", "Station Lane", "Mill Way", "Orchard Close", "Bridge Street")
-MESSAGES = ("Thanks for sharing this!", "Great write-up, very helpful.", "I had the same problem last year.",
+# No ", " in typed text: AutoUI's parser splits its decision on ", " (`reference/algorithms.md` §4.3).
+MESSAGES = ("Thanks for sharing this!", "Great write-up and very helpful.", "I had the same problem last year.",
             "Could you post an update later?", "This matches my experience.", "Bookmarking this for later.")
 MAX_STEPS = {"web": 15, "text": 15, "device": 20}  # WebVoyager's 15 (§1.2); AitW Web Shopping's 20 (§4.1)
 
@@ -53,8 +54,11 @@ def _site_url(site: str) -> str:
 # ------------------------------------------------------------------------------------------ oracle steps
 
 
-def click(selector: str, text: str = "") -> dict[str, Any]:
-  return {"op": "click", "selector": selector, **({"text": text} if text else {})}
+def click(selector: str, text: str = "", optional: bool = False) -> dict[str, Any]:
+  """`optional`: skip the click when its target is gone (WebVoyager's Type presses Enter, which may already
+  have submitted the form this click would submit)."""
+  return {"op": "click", "selector": selector, **({"text": text} if text else {}),
+          **({"optional": True} if optional else {})}
 
 
 def type_(selector: str, text: str, enter: bool = False) -> dict[str, Any]:
@@ -98,14 +102,22 @@ def _describe(p: catalog.Product, colour: str, size: str) -> str:
 # A template maps (world, rng, entity) to (intent, evaluator, oracle, site); `ENTITIES` lists its entities.
 
 
+def _shows(check: dict[str, Any], page: str) -> dict[str, Any]:
+  """An information task's evaluator: the answer, or (for agents with no answer channel, like AitW's, whose judge
+  reads the final screen) ending on `page`, the page that shows it. Non-device profiles keep the answer only."""
+  return {"kind": "any", "checks": [check, {"kind": "url_match", "url": page}], "answer_only": check}
+
+
 def shop_price(w, rng, p):
-  return (f"What is the price of the {p.name} on Shoply?", {"kind": "string_match", "must_include": [p.price]},
+  return (f"What is the price of the {p.name} on Shoply?",
+          _shows({"kind": "string_match", "must_include": [p.price]}, f"/shop/p/{p.id}"),
           _find_product(p) + [answer(p.price)], "shop")
 
 
 def shop_reviews(w, rng, p):
   return (f"How many customer reviews does the {p.name} have on Shoply?",
-          {"kind": "string_match", "exact_match": str(p.reviews)}, _find_product(p) + [answer(str(p.reviews))], "shop")
+          _shows({"kind": "string_match", "exact_match": str(p.reviews)}, f"/shop/p/{p.id}"),
+          _find_product(p) + [answer(str(p.reviews))], "shop")
 
 
 def shop_category_sort(w, rng, entity):
@@ -143,7 +155,8 @@ def shop_buy(w, rng, p):
           {"kind": "state_match", "checks": [{"path": "orders", "contains": order}]},
           _find_product(p) + _choose_options(p, colour, size) + [
               click("#add-to-cart", "Add to cart"), click("#checkout", "Proceed to checkout"),
-              type_("#name", name), type_("#address", address), click("#place-order", "Place order"), STOP], "shop")
+              type_("#name", name), type_("#address", address), click("#place-order", "Place order", optional=True), STOP],
+          "shop")
 
 
 def shop_cheapest(w, rng, entity):
@@ -151,7 +164,8 @@ def shop_cheapest(w, rng, entity):
   items = [p for p in w.products if p.category == cat and p.brand == brand]
   best = min(items, key=lambda p: (p.price_cents, p.id))
   return (f"Which {brand} product in Shoply's {cat} category has the lowest price? Answer with its name.",
-          {"kind": "string_match", "must_include": [best.name]},
+          _shows({"kind": "string_match", "must_include": [best.name]},
+                 f"/shop/c/{cat}?brand={brand}&sort=price_asc"),
           [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
            click(f"a.filter-brand[href*='brand={brand}']", brand), click("a[href*='sort=price_asc']"),
            answer(best.name)], "shop")
@@ -159,19 +173,20 @@ def shop_cheapest(w, rng, entity):
 
 def forum_author(w, rng, t):
   return (f"Who started the thread “{t.title}” on the Agora forum? Answer with the user name.",
-          {"kind": "string_match", "exact_match": t.author}, _find_thread(t) + [answer(t.author)], "forum")
+          _shows({"kind": "string_match", "exact_match": t.author}, f"/forum/t/{t.id}"),
+          _find_thread(t) + [answer(t.author)], "forum")
 
 
 def forum_replies(w, rng, t):
   return (f"How many replies does the thread “{t.title}” on the Agora forum have?",
-          {"kind": "string_match", "exact_match": str(t.replies)}, _find_thread(t) + [answer(str(t.replies))],
-          "forum")
+          _shows({"kind": "string_match", "exact_match": str(t.replies)}, f"/forum/t/{t.id}"),
+          _find_thread(t) + [answer(str(t.replies))], "forum")
 
 
 def forum_location(w, rng, t):
   loc = w.users[t.author].location
   return (f"In which city does the user who started the Agora thread “{t.title}” live?",
-          {"kind": "string_match", "must_include": [loc]},
+          _shows({"kind": "string_match", "must_include": [loc]}, f"/forum/u/{t.author}"),
           _find_thread(t) + [click(f"#post-1 a[href$='/forum/u/{t.author}']", t.author), answer(loc)], "forum")
 
 
@@ -238,6 +253,9 @@ def _for_profile(task_id: str, profile: str, intent: str, evaluator: dict, oracl
     start, oracle = _site_url("launcher"), [click(f"#app-{site}", site.title())] + oracle
   else:
     start = _site_url(site)
+  if evaluator.get("kind") == "any":
+    evaluator = {k: v for k, v in evaluator.items() if k != "answer_only"} if profile == "device" else \
+        evaluator["answer_only"]
   return Task(id=task_id, intent=intent, site=site, start_url=start, profile=profile, max_steps=MAX_STEPS[profile],
               evaluator=evaluator, oracle=oracle, split=split, template=template, seed=seed,
               meta={"home_url": _site_url("launcher")})

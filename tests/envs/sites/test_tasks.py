@@ -24,8 +24,9 @@ def test_sizes_per_profile(suite):
   for profile in tasks.PROFILES:
     assert sum(t.profile == profile for t in suite["train"]) >= 1000
     assert sum(t.profile == profile for t in suite["test"]) >= 200
-  kinds = {t.evaluator["kind"] for t in suite["test"]}
-  assert kinds == {"string_match", "url_match", "state_match"}
+  for profile, kinds in (("web", {"string_match", "url_match", "state_match"}),
+                         ("device", {"any", "url_match", "state_match"})):
+    assert {t.evaluator["kind"] for t in suite["test"] if t.profile == profile} == kinds
 
 
 def test_splits_have_disjoint_entities_and_a_held_out_family(suite):
@@ -51,9 +52,12 @@ def test_answers_agree_with_the_world(suite):
   for t in suite["test"]:
     if t.template == "shop_price":
       pid = int(_entity(t)[1:])
-      assert t.evaluator["must_include"] == [world.product(pid).price]
+      check = t.evaluator if t.profile != "device" else t.evaluator["checks"][0]
+      assert check["must_include"] == [world.product(pid).price]
+      if t.profile == "device":
+        assert t.evaluator["checks"][1] == {"kind": "url_match", "url": f"/shop/p/{pid}"}
       assert t.oracle[-1] == {"op": "answer", "text": world.product(pid).price}
-    if t.template == "forum_replies":
+    if t.template == "forum_replies" and t.profile == "text":
       assert t.evaluator["exact_match"] == str(world.thread(int(_entity(t)[1:])).replies)
 
 
