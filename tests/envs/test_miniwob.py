@@ -1,0 +1,88 @@
+"""MiniWoB++ from the `miniwob` package on real Chromium: suites, seeds, rewards from the page's JavaScript."""
+
+import re
+
+import pytest
+
+from jaxagent.envs import miniwob
+from jaxagent.types import Action, ActionKind, Task
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def env():
+  e = miniwob.MiniWoBEnv(observation="som")
+  yield e
+  e.close()
+
+
+def test_task_names_cover_every_shipped_page():
+  names = miniwob.task_names()
+  html = miniwob.html_dir()
+  assert len(names) == len(list((html / "miniwob").glob("*.html"))) + len(list((html / "flight").glob("*/wrapper.html")))
+  assert {"click-button", "enter-text", "book-flight", "flight.Alaska"} <= set(names)
+  assert all((html / miniwob.task_path(n)).exists() for n in names)
+  tasks = miniwob.suite(["click-button", "enter-text"], seeds=range(3))
+  assert [t.id for t in tasks[:3]] == ["miniwob/click-button/0", "miniwob/click-button/1", "miniwob/click-button/2"]
+  assert tasks[0].start_url.startswith("http://127.0.0.1:")
+
+
+def test_bad_task_names_and_foreign_tasks_are_rejected(env):
+  with pytest.raises(ValueError, match="does not exist"):
+    miniwob.make_task("click-buton")
+  with pytest.raises(ValueError, match="not a MiniWoB task"):
+    env.reset(Task(id="x", intent="", site="shop", start_url="http://127.0.0.1:1/"))
+
+
+def _target(obs):
+  return re.search(r'"(.+)"', obs.intent).group(1)
+
+
+def test_scripted_click_on_click_button_earns_reward_one(env):
+  obs = env.reset(miniwob.make_task("click-button", seed=3))
+  assert obs.intent.startswith("Click on the") and obs.screenshot.shape == (210, 160, 3)
+  index = next(e.index for e in obs.elements if e.tag == "button" and e.text == _target(obs))
+  assert f'[{index}]: <button> "{_target(obs)}";' in obs.element_text
+  obs, reward, done, info = env.step(Action(ActionKind.CLICK, element=index))
+  assert reward == 1.0 and done and info["raw_reward"] == 1 and 0 < info["env_reward"] <= 1
+
+
+def test_wrong_button_earns_minus_one(env):
+  for seed in range(20):  # find a seeded episode with a wrong button to press
+    obs = env.reset(miniwob.make_task("click-button", seed=seed))
+    wrong = [e.index for e in obs.elements if e.tag == "button" and e.text != _target(obs)]
+    if wrong:
+      break
+  _, reward, done, _ = env.step(Action(ActionKind.CLICK, element=wrong[0]))
+  assert reward == -1.0 and done
+
+
+def test_typing_solves_enter_text(env):
+  obs = env.reset(miniwob.make_task("enter-text", seed=0))
+  field = next(e.index for e in obs.elements if e.tag == "input")
+  obs, reward, done, _ = env.step(Action(ActionKind.TYPE, element=field, text=_target(obs)))
+  assert reward == 0.0 and not done
+  submit = next(e.index for e in obs.elements if e.text == "Submit")
+  _, reward, done, _ = env.step(Action(ActionKind.CLICK, element=submit))
+  assert reward == 1.0 and done
+
+
+def test_seeds_reproduce_episodes(env):
+  utterances = [env.reset(miniwob.make_task("enter-text", seed=s)).intent for s in (7, 8, 7)]
+  assert utterances[0] == utterances[2] != utterances[1]
+
+
+def test_a11y_ids_on_miniwob_and_time_scaled_reward():
+  with miniwob.MiniWoBEnv(observation="a11y", reward="time_scaled") as env:
+    obs = env.reset(miniwob.make_task("click-button", seed=3))
+    node = next(i for i, n in obs.a11y_nodes.items() if n["role"] == "button" and n["name"] == _target(obs))
+    _, reward, done, info = env.step(Action(ActionKind.CLICK, element=node))
+    assert done and 0 < reward < 1.0 and reward == info["env_reward"]
+
+
+def test_flight_task_loads_in_its_iframe_wrapper(env):
+  obs = env.reset(miniwob.make_task("flight.Alaska", seed=0))
+  assert obs.intent and obs.screenshot.shape == (667, 375, 3)
+  obs = env.reset(miniwob.make_task("click-button", seed=0))  # back to the small task viewport
+  assert obs.screenshot.shape == (210, 160, 3)
