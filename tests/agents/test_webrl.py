@@ -1,0 +1,111 @@
+"""WebRL format: the Llama-3 completion prompt, `create_webrl_id_based_action`, the ORM input."""
+
+import pytest
+
+from jaxagent.agents import get_format
+from jaxagent.agents import webrl
+from jaxagent.types import Action, ActionKind, Observation, Step, Task
+
+U = "<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+A = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+
+
+def test_prompt_golden_three_rounds():
+  fmt = get_format("webrl")
+  task = Task(id="1", intent="Show the top-3 products", site="shop", start_url="/")
+  hist = [Step(step=0, action_text='do(action="Click", element="7")'),
+          Step(step=1, action_text='# Element: the search bar\ndo(action="Search", argument="x", element="13")')]
+  prompt = fmt.build_prompt(task, Observation(html='<html data-bbox="0,0,1280,720"> </html>'), hist)
+  assert prompt == (
+      "Task Instruction: Show the top-3 products\n\n"
+      f"Round 0\n\n{U}Show the top-3 products\n\n{A}do(action=\"Click\", element=\"7\")\n\n"
+      f"Round 1\n\n{U}** Simplified html **\n\n{A}# Element: the search bar\ndo(action=\"Search\", argument=\"x\", "
+      "element=\"13\")\n\n"
+      f"Round 2\n\n{U}<html data-bbox=\"0,0,1280,720\"> </html>\n\n{A}")
+  first = fmt.build_prompt(task, Observation(html="<html/>"), [])
+  assert first == f"Task Instruction: Show the top-3 products\n\nRound 0\n\n{U}<html/>\n\n{A}"
+
+
+def test_prompt_truncates_html_to_16384_minus_512_chars():
+  html = "~" * 20000
+  prompt = webrl.webrl_prompt("do it", ["exit()"], html)
+  history_len = len(f"Round 0\n\n{U}do it\n\n{A}exit()\n\n")
+  assert prompt.count("~") == 16384 - 512 - history_len
+  # The original's negative slice when the history alone is longer than the budget.
+  long_actions = ["y" * 9000, "z" * 9000]
+  assert webrl.webrl_prompt("t", long_actions, "abcdef").count("abcdef") == 0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('# Element: the \'REPORTS\' section on the left sidebar\ndo(action="Click", element="7")',
+     Action(ActionKind.CLICK, element=7)),
+    ('do(action="Type", argument="01/01/2023", element="22")',
+     Action(ActionKind.TYPE, element=22, text="01/01/2023")),
+    ('# Element: The search bar\ndo(action="Search", argument="international airport", element="13")',
+     Action(ActionKind.TYPE, element=13, text="international airport", enter=True)),
+    ('# Element: the \'Period\' dropdown, middle center\ndo(action="Select Dropdown Option", argument="Month", element="20")',
+     Action(ActionKind.SELECT, element=20, text="Month")),
+    ('do(action="Scroll Down")', Action(ActionKind.SCROLL, direction="down")),
+    ('do(action="Scroll Up")', Action(ActionKind.SCROLL, direction="up")),
+    ('do(action="Press Enter")', Action(ActionKind.KEY, key="Enter")),
+    ('do(action="Hover", element="5")', Action(ActionKind.HOVER, element=5)),
+    ('do(action="Go Backward")', Action(ActionKind.BACK)),
+    ('do(action="Go Forward")', Action(ActionKind.FORWARD)),
+    ('exit(message="The top-3 best-selling products in January 2023 are: 1")',
+     Action(ActionKind.ANSWER, text="The top-3 best-selling products in January 2023 are: 1")),
+    ('# Note: Pittsburgh International Airport\n# Element: The field\ndo(action="Type", argument="Cleveland", element="14")',
+     Action(ActionKind.TYPE, element=14, text="Cleveland")),
+    ('do(action="Click", element=7)<|eot_id|>', Action(ActionKind.CLICK, element=7)),
+])
+def test_parser_golden(text, expected):
+  assert get_format("webrl").parse(text) == expected
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("go_backward()", "Invalid action go_backward()"),  # the original has no branch for it
+    ('do(action="Wait")', 'Invalid action do(action="Wait")'),
+    ('do(action="Right Click", element="3")', 'Invalid action do(action="Right Click", element="3")'),
+    ("do(action=Click)", "No action specified: do(action=Click)"),  # not a literal: never evaluated
+    ("do(action=__import__('os').system('true'))", "No action specified: do(action=__import__('os').system('true'))"),
+    ('# only a comment', "No action specified: # only a comment"),
+    ('do(action="Type", argument="call exit(now)", element="3")',  # comment stripping cuts at `exit(`
+     'No action specified: do(action="Type", argument="call exit(now)", element="3")'),
+    ('do(action="Click")', "KeyError: 'kwargs'"),
+    ("exit()", "KeyError: 'kwargs'"),
+    ('do(action="Click", element="submit")', "Invalid element id 'submit'"),
+])
+def test_parser_errors_carry_the_original_text(text, reason):
+  action = get_format("webrl").parse(text)
+  assert action.kind == ActionKind.INVALID
+  assert action.reason.startswith(reason)
+
+
+def test_extended_actions_flag():
+  fmt = get_format("webrl", extended_actions=True)
+  assert fmt.parse("go_backward()") == Action(ActionKind.BACK)
+  assert fmt.parse("# back\ngo_forward()") == Action(ActionKind.FORWARD)
+  assert fmt.parse('do(action="Wait")') == Action(ActionKind.WAIT)
+  assert fmt.render(Action(ActionKind.BACK)) == "go_backward()"
+  assert get_format("webrl").render(Action(ActionKind.BACK)) == 'do(action="Go Backward")'
+
+
+def test_render_escapes_and_comments():
+  fmt = get_format("webrl")
+  a = Action(ActionKind.TYPE, element=3, text='say "hi"\nthen \\ leave')
+  s = fmt.render(a, "Element: the box")
+  assert s == '# Element: the box\ndo(action="Type", argument="say \\"hi\\"\\nthen \\\\ leave", element="3")'
+  assert fmt.parse(s) == a
+  assert webrl.training_target("exit()") == "exit()<|eot_id|>" == webrl.training_target("exit()<|eot_id|>")
+
+
+def test_orm_prompt_golden():
+  prompt = webrl.orm_prompt(" Find the price ", ['# Element: x\ndo(action="Click", element="1")', 'exit(message="3")'],
+                            " <html> </html> ")
+  assert prompt == (
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are an expert in evaluating the performance "
+      "of a website navigation agent. The agent is designed to help a human user navigate the website to complete a "
+      "task. Given the user\u2019s intent, the agent's action history, and the final state of the screen, your goal is "
+      "to decide whether the agent\u2019s execution is successful or not. You must respond with YES or NO.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nThe User Intent:\nFind the price\n\nAction History:\n"
+      "# Element: x; do(action=\"Click\", element=\"1\")\nexit(message=\"3\")\n\nThe Current Screenshot:\n"
+      "<html> </html><|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
