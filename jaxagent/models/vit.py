@@ -184,9 +184,8 @@ class Attention(nnx.Module):
     self.v = _dense(cfg, e, (n, d), ("vision_embed",), heads, rngs)
     self.out = _dense(cfg, (n, d), e, heads, ("vision_embed",), rngs)
 
-  def __call__(self, x: jax.Array, kv: jax.Array | None = None) -> jax.Array:
-    kv = x if kv is None else kv
-    q, k, v = self.q(x), self.k(kv), self.v(kv)
+  def __call__(self, x: jax.Array) -> jax.Array:
+    q, k, v = self.q(x), self.k(x), self.v(x)
     q = sharding.shard(q, ("batch", "length", "act_heads", None))
     o = jax.nn.dot_product_attention(q, k, v, scale=self.scale)
     return self.out(o)
@@ -220,19 +219,37 @@ class Block(nnx.Module):
     return sharding.shard(x, ("batch", "length", "act_embed"))
 
 
+class PoolAttention(nnx.Module):
+  """Cross-attention from a probe to the tokens, with q/k/v fused in one projection as `nn.MultiheadAttention`
+  stores them (`in_proj` [embed, 3, heads, head_dim])."""
+
+  def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+    e, n, d = cfg.width, cfg.num_heads, cfg.head_dim
+    self.scale = d ** -0.5
+    heads = ("vision_heads", "head_dim")
+    self.in_proj = _dense(cfg, e, (3, n, d), ("vision_embed",), (None,) + heads, rngs)
+    self.out = _dense(cfg, (n, d), e, heads, ("vision_embed",), rngs)
+
+  def __call__(self, probe: jax.Array, x: jax.Array) -> jax.Array:
+    q = self.in_proj(probe)[:, :, 0]
+    kv = self.in_proj(x)
+    o = jax.nn.dot_product_attention(q, kv[:, :, 1], kv[:, :, 2], scale=self.scale)
+    return self.out(o)
+
+
 class MapHead(nnx.Module):
   """SigLIP's multi-head attention pooling: one learned probe attends over all tokens, then a residual MLP."""
 
   def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
     self.probe = _param(rngs, nnx.initializers.normal(1.0), (1, 1, cfg.width), (None, None, "vision_embed"),
                         cfg.param_dtype)
-    self.attn = Attention(cfg, rngs)
+    self.attn = PoolAttention(cfg, rngs)
     self.norm = _layer_norm(cfg, rngs)
     self.mlp = Mlp(cfg, rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     probe = jnp.broadcast_to(self.probe.get_value().astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
-    h = self.attn(probe, kv=x)
+    h = self.attn(probe, x)
     h = h + self.mlp(self.norm(h))
     return h[:, 0]
 

@@ -1,0 +1,162 @@
+"""HF parity for the vision towers and LLaVA: tiny random `transformers` models, saved, loaded by us, compared."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from safetensors.numpy import load_file
+
+from jaxagent import sharding
+from jaxagent.models.hf import clip as hf_clip
+from jaxagent.models.hf import io
+from jaxagent.models.hf import siglip as hf_siglip
+
+REL_TOL = 1e-4
+TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=32,
+             patch_size=8)
+
+
+def _randomise(model, seed=0):
+  """HF zero-initialises biases and ones norms; randomise so that every tensor matters."""
+  torch.manual_seed(seed)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.normal_(0.0, 0.15)
+  return model.eval()
+
+
+def _rel_err(ours, theirs):
+  theirs = np.asarray(theirs)
+  return float(np.max(np.abs(np.asarray(ours) - theirs)) / np.max(np.abs(theirs)))
+
+
+def _pixels(n, size, seed=0):
+  return np.random.RandomState(seed).randn(n, size, size, 3).astype(np.float32)
+
+
+def _hf_vision(hf_model, pixels):
+  with torch.no_grad():
+    return hf_model(torch.from_numpy(pixels.transpose(0, 3, 1, 2)), output_hidden_states=True)
+
+
+encode = nnx.jit(lambda tower, x: tower.encode(x, return_hidden_states=True))
+features = nnx.jit(lambda tower, x: tower(x))
+
+
+@pytest.fixture(scope="module")
+def clip_ckpt(tmp_path_factory):
+  hf_model = _randomise(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**TOWER)))
+  path = tmp_path_factory.mktemp("clip")
+  hf_model.save_pretrained(path)
+  return hf_model, path
+
+
+@pytest.fixture(scope="module")
+def siglip_ckpt(tmp_path_factory):
+  hf_model = _randomise(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**TOWER)), seed=1)
+  path = tmp_path_factory.mktemp("siglip")
+  hf_model.save_pretrained(path)
+  return hf_model, path
+
+
+@pytest.mark.parametrize("select_layer, select_feature", [(-2, "patch"), (-1, "cls_patch"), (1, "patch")])
+def test_clip_tower_parity(clip_ckpt, select_layer, select_feature):
+  hf_model, path = clip_ckpt
+  tower, cfg = hf_clip.load_pretrained(path, select_layer=select_layer, select_feature=select_feature)
+  x = _pixels(2, cfg.image_size)
+  ref = _hf_vision(hf_model, x)
+  want = ref.hidden_states[select_layer].numpy()
+  if select_feature == "patch":
+    want = want[:, 1:]
+  assert _rel_err(features(tower, x), want) < REL_TOL
+  full = encode(tower, x)
+  for ours, theirs in zip(full.hidden_states, ref.hidden_states, strict=True):
+    assert _rel_err(ours, theirs) < REL_TOL
+  assert _rel_err(full.pooled, ref.pooler_output) < REL_TOL
+
+
+def test_siglip_tower_parity(siglip_ckpt):
+  hf_model, path = siglip_ckpt
+  tower, cfg = hf_siglip.load_pretrained(path)
+  assert cfg.pool_head and not cfg.class_token
+  x = _pixels(3, cfg.image_size, seed=2)
+  ref = _hf_vision(hf_model, x)
+  full = encode(tower, x)
+  assert _rel_err(full.last_hidden_state, ref.last_hidden_state) < REL_TOL
+  assert _rel_err(full.pooled, ref.pooler_output) < REL_TOL
+  for ours, theirs in zip(full.hidden_states, ref.hidden_states, strict=True):
+    assert _rel_err(ours, theirs) < REL_TOL
+  assert _rel_err(features(tower, x), ref.last_hidden_state) < REL_TOL
+
+
+def test_siglip_tower_without_head_ignores_the_head(siglip_ckpt):
+  hf_model, path = siglip_ckpt
+  tower, cfg = hf_siglip.load_pretrained(path, pool_head=False, select_layer=-2)
+  x = _pixels(1, cfg.image_size)
+  assert tower.head is None
+  assert _rel_err(features(tower, x), _hf_vision(hf_model, x).hidden_states[-2]) < REL_TOL
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_export_reloads_in_transformers_with_identical_tensors(family, clip_ckpt, siglip_ckpt, tmp_path):
+  hf_model, path = clip_ckpt if family == "clip" else siglip_ckpt
+  lib = hf_clip if family == "clip" else hf_siglip
+  tower, cfg = lib.load_pretrained(path)
+  lib.save_pretrained(tower, cfg, tmp_path)
+  cls = transformers.CLIPVisionModel if family == "clip" else transformers.SiglipVisionModel
+  reloaded = cls.from_pretrained(tmp_path).eval()
+  want = hf_model.state_dict()
+  got = reloaded.state_dict()
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
+  # ... and it runs.
+  x = _pixels(1, cfg.image_size)
+  np.testing.assert_array_equal(_hf_vision(reloaded, x).last_hidden_state.numpy(),
+                                _hf_vision(hf_model, x).last_hidden_state.numpy())
+
+
+def test_load_onto_an_8_device_mesh(clip_ckpt):
+  hf_model, path = clip_ckpt
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 4})
+  tower, cfg = hf_clip.load_pretrained(path, mesh, select_layer=-2)
+  kernel = tower.blocks[0].attn.q.kernel.get_value()
+  assert kernel.sharding.spec == sharding.logical_to_spec(("vision_embed", "vision_heads", "head_dim"),
+                                                          kernel.shape, mesh)
+  assert len(kernel.sharding.device_set) == 8
+  x = _pixels(8, cfg.image_size)
+  with jax.set_mesh(mesh):
+    got = features(tower, jnp.asarray(x))
+  assert _rel_err(got, _hf_vision(hf_model, x).hidden_states[-2][:, 1:]) < REL_TOL
+
+
+def test_mismatched_and_missing_tensors_are_named(clip_ckpt, tmp_path):
+  _, path = clip_ckpt
+  tensors = load_file(str(path / "model.safetensors"))
+  key = next(k for k in tensors if k.endswith("layers.1.mlp.fc1.weight"))
+  broken = dict(tensors)
+  broken[key] = np.zeros((3, 5), np.float32)
+  del broken[next(k for k in tensors if k.endswith("post_layernorm.bias"))]
+  io.write_safetensors(broken, tmp_path)
+  (tmp_path / "config.json").write_text((path / "config.json").read_text())
+  with pytest.raises(io.CheckpointMismatchError) as err:
+    hf_clip.load_pretrained(tmp_path)
+  msg = str(err.value)
+  assert key in msg and "(3, 5)" in msg and "(64, 32)" in msg
+  assert "post_layernorm.bias" in msg and "(32,)" in msg
+
+
+def test_reads_vision_model_prefixed_checkpoints(clip_ckpt, tmp_path):
+  """`CLIPModel` saves and transformers 4 name the tower `vision_model.*`; text-tower tensors are ignored."""
+  hf_model, path = clip_ckpt
+  tensors = load_file(str(path / "model.safetensors"))
+  prefixed = {k if k.startswith("vision_model.") else "vision_model." + k: v for k, v in tensors.items()}
+  prefixed["text_model.embeddings.token_embedding.weight"] = np.zeros((10, 4), np.float32)
+  io.write_safetensors(prefixed, tmp_path)
+  (tmp_path / "config.json").write_text((path / "config.json").read_text())
+  tower, cfg = hf_clip.load_pretrained(tmp_path, select_layer=-2)
+  x = _pixels(1, cfg.image_size)
+  assert _rel_err(features(tower, x), _hf_vision(hf_model, x).hidden_states[-2][:, 1:]) < REL_TOL
