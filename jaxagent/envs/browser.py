@@ -2,7 +2,7 @@
 
 One browser per env object (one per pool worker), launched once; every `reset(task)` opens a fresh browser
 context (cookies, storage, history all new) without relaunching. Instead of the originals' fixed 3-10 s
-sleeps (`reference/algorithms.md` §1.3), an action is followed by one animation frame and, only if it started
+sleeps (`reference/algorithms.md` §1.3), an action is followed by one zero-delay task turn (handlers, microtasks and timers it queued run) and, only if it started
 a navigation, a capped wait for `load` and a short one for `networkidle`.
 
 Behaviour worth knowing:
@@ -72,9 +72,9 @@ _NAV_SPY_JS = """(() => {
     if (a && a.target && !['_self', '_top', '_parent'].includes(a.target)) bump('__jaxagentPopup');
   }, true);
 })();"""
-_SETTLE_JS = """() => new Promise((r) => requestAnimationFrame(() => setTimeout(() => {
+_SETTLE_JS = """() => new Promise((r) => setTimeout(() => {
   const out = [window.__jaxagentNav || 0, window.__jaxagentPopup || 0];
-  window.__jaxagentNav = 0; window.__jaxagentPopup = 0; r(out); }, 0)))"""
+  window.__jaxagentNav = 0; window.__jaxagentPopup = 0; r(out); }, 0))"""
 
 
 class BrowserCrashed(RuntimeError):
@@ -439,7 +439,7 @@ class BrowserEnv:
       pass
 
   def _settle(self) -> None:
-    """Lets handlers run for a frame; if that started a navigation, waits (capped) until it commits and loads,
+    """Lets queued handlers run; if that started a navigation, waits (capped) until it commits and loads,
     or is blocked / failed / turned into a download."""
     before = (self._nav_requests, self._commits, len(self._blocked), len(self._pending_downloads), self._nav_failed)
     try:

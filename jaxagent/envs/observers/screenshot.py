@@ -18,4 +18,6 @@ def png_to_array(png: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
 
 def capture(page, size: tuple[int, int] | None = None) -> np.ndarray:
   """The visible viewport of `page`, one pixel per CSS pixel unless `size` asks for another size."""
-  return png_to_array(page.screenshot(type="png", scale="css"), size)
+  # caret="initial" leaves the text caret as the page draws it (as the originals' screenshots do) and saves
+  # Playwright a style injection round trip per shot.
+  return png_to_array(page.screenshot(type="png", scale="css", caret="initial"), size)
