@@ -152,7 +152,8 @@ class BrowserEnv:
   """A Playwright Chromium behind the `jaxagent.types.Env` protocol.
 
   Args (plain values, so a pool can build one from a picklable spec):
-    profile: "web" | "device" | "text" (`jaxagent.envs.profiles`), or a `Profile`.
+    profile: "web" | "device" | "text" (`jaxagent.envs.profiles`) or a `Profile`; None = each task's own
+      `Task.profile` (the context is new every episode, so one env serves web and device tasks alike).
     observation: whose element numbering actions refer to: "som" | "a11y" | "html".
     screenshot_size: (width, height) to resize screenshots to; None = one pixel per CSS pixel.
     som_draw: draw the set-of-marks boxes on the screenshot (WebVoyager's GPT-4o agent sees them).
@@ -163,13 +164,14 @@ class BrowserEnv:
     executable_path: a Chromium binary; None = Playwright's own, else Debian's.
   """
 
-  def __init__(self, profile: str | profiles_lib.Profile = "web", observation: str = "som",
+  def __init__(self, profile: str | profiles_lib.Profile | None = None, observation: str = "som",
                screenshot_size: tuple[int, int] | None = None, som_draw: bool = True, headless: bool = True,
                load_timeout_ms: int = 5000, idle_timeout_ms: int = 0, action_timeout_ms: int = 5000,
                wait_ms: int = 1000, executable_path: str | None = None):
     if observation not in OBSERVERS:
       raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVERS}")
-    self.profile = profiles_lib.get_profile(profile)
+    self._fixed_profile = profiles_lib.get_profile(profile) if profile is not None else None
+    self.profile = self._fixed_profile or profiles_lib.PROFILES["web"]
     self.observation = observation
     self.screenshot_size = tuple(screenshot_size) if screenshot_size else None
     self.som_draw = som_draw
@@ -287,14 +289,16 @@ class BrowserEnv:
         self.launch()
         self._begin(task)
         break
-      except PlaywrightError:
-        if self.alive() or attempt == 1:
-          raise
+      except PlaywrightError as e:
+        if self.alive():
+          raise RuntimeError(f"Task {task.id!r}: could not open {task.start_url}: {str(e).splitlines()[0]}") from e
+        if attempt == 1:
+          raise BrowserCrashed(f"Chromium died twice while starting task {task.id!r}: {e}") from e
         log.warning("Chromium died during reset; relaunching")
     self._task = task
     self._steps = 0
     self._done = False
-    obs = self._observe()
+    obs = self._observe_settled()
     obs.error = self._blocked_message()
     return obs
 
@@ -327,7 +331,7 @@ class BrowserEnv:
       reward, env_done, extra = self._reward_done()
       done = action.ends_episode or env_done
       truncated = not done and self._steps >= self._task.max_steps
-      obs = self._observe()
+      obs = self._observe_settled()
     except PlaywrightError as e:
       if not self.alive():
         raise BrowserCrashed(f"Chromium died while observing: {e}") from e
@@ -369,6 +373,7 @@ class BrowserEnv:
     self._targets = {}
     self._blocked, self._new_pages, self._pending_downloads, self._downloads = [], [], [], []
     self._origins = tuple(task.allowed_origins) or (origin_of(task.start_url),)
+    self.profile = self._fixed_profile or profiles_lib.get_profile(task.profile)
     self._context = self._browser.new_context(accept_downloads=True, **self.profile.context_options())
     self._context.set_default_timeout(self.action_timeout_ms)
     self._context.add_init_script(_NAV_SPY_JS)
@@ -506,6 +511,19 @@ class BrowserEnv:
     return self._cdp[key]
 
   # ----------------------------------------------------------------------------------------- observing
+
+  def _observe_settled(self) -> Observation:
+    """Observes; if the document is replaced mid-observation (a late navigation), waits for it and retries."""
+    try:
+      return self._observe()
+    except PlaywrightError:
+      if not self.alive():
+        raise
+      try:
+        self._page.wait_for_load_state("load", timeout=self.load_timeout_ms)
+      except PlaywrightTimeoutError:
+        pass
+      return self._observe()
 
   def _observe(self) -> Observation:
     page = self._page

@@ -131,7 +131,7 @@ class MiniWoBEnv(BrowserEnv):
     reload = (self.fresh_context or self._context is None or self._page is None or self._page.is_closed()
               or self._loaded_url != task.start_url or profile != self.profile)
     if reload:
-      self.profile = profile
+      self._fixed_profile = profile
       self._loaded_url = None
       self._new_context(task)
       self._page.goto(task.start_url, wait_until="load", timeout=self.load_timeout_ms)

@@ -197,10 +197,15 @@ def test_fresh_context_per_episode_without_relaunch(env, site):
   assert env.page.evaluate("localStorage.getItem('k')") is None and env.browser_pid == pid
 
 
+def test_unreachable_start_url_is_a_clear_error(env):
+  with pytest.raises(RuntimeError, match="could not open http://127.0.0.1:1/"):
+    env.reset(Task(id="dead", intent="", site="fixture", start_url="http://127.0.0.1:1/"))
+
+
 def test_device_profile_tap_at_normalised_point_and_swipe(site):
-  with BrowserEnv(profile="device", observation="som") as dev:
-    obs = dev.reset(_task(site, "phone.html"))
-    assert obs.screenshot.shape == (915, 412, 3)
+  with BrowserEnv(observation="som") as dev:  # no fixed profile: each task's own
+    obs = dev.reset(_task(site, "phone.html", profile="device"))
+    assert obs.screenshot.shape == (915, 412, 3) and dev.page.evaluate("navigator.maxTouchPoints") > 0
     # The pad spans y in [400, 600] CSS px of a 915 px tall screen.
     dev.step(Action(ActionKind.CLICK, x=0.5, y=500 / 915, normalized=True))
     assert dev.page.inner_text("#status") == "tapped pad"
