@@ -1,0 +1,376 @@
+"""LLM judges over any OpenAI-compatible endpoint: WebVoyager's auto-evaluation and DigiRL's per-step judge.
+
+Protocols (`reference/algorithms.md` §1.5, §4.5):
+  * `webvoyager` (MinorJerry/WebVoyager:evaluation/auto_eval.py): system prompt; user message
+    `TASK: <task>\\nResult Response: <answer>\\n<num> screenshots at the end: ` + the last k screenshots +
+    `Your verdict:\\n`; temperature 0, seed 42, max_tokens 1000. 'NOT SUCCESS' in the reply -> 0,
+    else 'SUCCESS' -> 1, else unjudged (OpenWebVoyager maps that to 0; we keep it visible). A trajectory
+    whose last step is not an ANSWER scores 0 without a call, as the original. `<num>` is k itself, not
+    the number of screenshots attached (the original's behaviour).
+  * `digirl` (DigiRL-agent/digirl:digirl/environment/android/evaluate.py): after every step, the task and
+    the new screenshot (downscaled 4x) -> `Status: success|failure`; the first success ends the episode
+    with reward 1. Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²)
+    or matches one of the last 5 judged screens. SIMPLIFIED: the original sends 9 (general) / 11 (webshop)
+    few-shot exemplars with their screenshots, which are not bundled here; we send the system message and
+    the original's "Your Turn" block only. The image cache is per trajectory (the original shares it
+    across emulators, which DigiRL issue #25 reports as a bug).
+
+Robustness: retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection
+errors and malformed bodies; other 4xx fail at once. A bounded thread pool judges many trajectories. A
+content-keyed on-disk cache (sha256 of model + messages + sampling) makes re-judging free. Tokens and cost
+are counted. A verdict that cannot be obtained is `Verdict(None, reason)` (unjudged), never an exception
+and never a silent 0. Keys come from `secrets.load_api_key` and every error text passes `secrets.redact`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import tempfile
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxagent.agents import base as fmt_base
+from jaxagent.agents import webvoyager_prompts as P
+from jaxagent.judges import secrets
+from jaxagent.types import ActionKind, Task, Trajectory, Verdict
+
+
+@dataclasses.dataclass
+class LLMJudgeConfig:
+  """Where and how to ask. No key in here: `api_key_env` / `api_key_file` say where to find it."""
+
+  protocol: str = "webvoyager"  # "webvoyager" | "digirl"
+  base_url: str = ""  # "" -> $OPENAI_BASE_URL or the OpenAI API
+  model: str = "gpt-4o"
+  api_key_env: str = "OPENAI_API_KEY"
+  api_key_file: str = ""
+  max_attached_imgs: int = 3  # k: 3 in OpenWebVoyager's exploration, 15 in WebVoyager's run_eval.sh
+  max_tokens: int = 1000
+  temperature: float = 0.0
+  seed: int | None = 42
+  timeout_s: float = 60.0
+  max_retries: int = 6
+  backoff_initial_s: float = 1.0
+  backoff_max_s: float = 30.0
+  concurrency: int = 8
+  cache_dir: str = ""  # "" -> no cache
+  image_root: str = ""  # where relative Step.image_path resolve (the trajectory store)
+  digirl_task_set: str = "general"  # "general" | "webshop" (only the system message differs: none)
+  usd_per_1k_prompt: float = 0.01  # WebVoyager's cost log
+  usd_per_1k_completion: float = 0.03
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> "LLMJudgeConfig":
+    """From a dict or ml_collections ConfigDict; unknown keys are an error naming the valid ones."""
+    d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"LLM judge config: unknown key(s) {unknown}; valid keys are {sorted(names)}")
+    return cls(**d)
+
+
+class JudgeUnavailable(Exception):
+  """No usable reply could be obtained (the reason is already redacted)."""
+
+
+@dataclasses.dataclass
+class JudgeStats:
+  requests: int = 0  # completions asked for (cache hits included)
+  cache_hits: int = 0
+  api_calls: int = 0  # HTTP attempts, retries included
+  retries: dict[str, int] = dataclasses.field(default_factory=dict)  # by cause: "429", "5xx", "timeout", ...
+  failures: dict[str, int] = dataclasses.field(default_factory=dict)  # requests given up, by last cause
+  prompt_tokens: int = 0
+  completion_tokens: int = 0
+  cost_usd: float = 0.0
+  verdicts: dict[str, int] = dataclasses.field(default_factory=dict)  # "success" | "failure" | "unjudged"
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ prompts
+
+
+def webvoyager_messages(task: str, answer: str, images: Sequence[Any], img_num: int) -> list[fmt_base.Message]:
+  user = (P.AUTO_EVAL_USER_PROMPT.replace("<task>", task).replace("<answer>", answer).replace("<num>", str(img_num)))
+  content = [fmt_base.text_part(user)] + [fmt_base.image_part(i) for i in images]
+  content.append(fmt_base.text_part(P.AUTO_EVAL_VERDICT_PROMPT))
+  return [{"role": "system", "content": P.AUTO_EVAL_SYSTEM_PROMPT}, {"role": "user", "content": content}]
+
+
+def parse_webvoyager_verdict(reply: str) -> Verdict:
+  if "NOT SUCCESS" in reply:
+    return Verdict(0.0, "judge: NOT SUCCESS")
+  if "SUCCESS" in reply:
+    return Verdict(1.0, "judge: SUCCESS")
+  return Verdict(None, f"judge reply has neither SUCCESS nor NOT SUCCESS: {reply[-200:]!r}")
+
+
+DIGIRL_SYSTEM = "You're an expert in evaluating whether the Screenshot successfully completes the Task."
+DIGIRL_YOUR_TURN = ("Task: {intent}\nRespond in this format:\nQ: What should I expect to see on the screenshot if "
+                    "I've <repeat the task>?\nA: I should expect to see <first expectation, then what's in the given "
+                    "screenshot.>\nStatus: success or failure (don't return anything else)\nStart with \"Q:\".")
+
+
+def digirl_messages(intent: str, image: Any) -> list[fmt_base.Message]:
+  """The simplified zero-shot DigiRL prompt (see the module docstring): system text, "Your Turn" block."""
+  return [{"role": "user", "content": [
+      fmt_base.text_part(DIGIRL_SYSTEM + "\n" + "=====Your Turn=====" + "\nScreenshot: "),
+      fmt_base.image_part(image),
+      fmt_base.text_part(DIGIRL_YOUR_TURN.format(intent=intent))]}]
+
+
+def parse_digirl_status(reply: str) -> Verdict:
+  match = re.search(r"Status:\s*(\w+)", reply)
+  if match is None:
+    return Verdict(0.0, "judge reply has no 'Status:' (DigiRL counts this as failure)")
+  status = match.group(1)
+  return Verdict(1.0 if "success" in status.lower() else 0.0, f"judge: Status: {status}")
+
+
+# ---------------------------------------------------------------------------------------- the judge
+
+
+def _image_array(image: Any, image_root: str) -> np.ndarray:
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  if isinstance(image, np.ndarray):
+    return image
+  path = image if not image_root or os.path.isabs(image) else os.path.join(image_root, image)
+  with Image.open(path) as im:
+    return np.asarray(im.convert("RGB"))
+
+
+def _quarter(image: np.ndarray) -> bytes:
+  """DigiRL's `process_image`: resize to 1/4 width and height, as PNG."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  im = Image.fromarray(image)
+  im = im.resize((max(1, im.width // 4), max(1, im.height // 4)))
+  buf = io.BytesIO()
+  im.save(buf, format="PNG")
+  return buf.getvalue()
+
+
+def _final_answer(trajectory: Trajectory) -> str | None:
+  """The answer of an episode that ended with ANSWER, else None (WebVoyager then scores 0)."""
+  last = trajectory.steps[-1] if trajectory.steps else None
+  if last is not None and last.action is not None and last.action.kind == ActionKind.ANSWER:
+    return last.action.text.strip()
+  if trajectory.answer:
+    return trajectory.answer.strip()
+  return None
+
+
+class LLMJudge:
+  """A `Judge` that asks an OpenAI-compatible model; see the module docstring for the protocols."""
+
+  def __init__(self, config: LLMJudgeConfig | dict | Any = None, client: Any = None):
+    self.config = config if isinstance(config, LLMJudgeConfig) else LLMJudgeConfig.from_config(config or {})
+    if self.config.protocol not in ("webvoyager", "digirl"):
+      raise ValueError(f"LLM judge protocol {self.config.protocol!r} is unknown; use 'webvoyager' or 'digirl'")
+    self._client = client
+    self._client_lock = threading.Lock()
+    self._stats_lock = threading.Lock()
+    self.stats = JudgeStats()
+    self._rng = random.Random(0)
+
+  # ---- client, stats
+  def client(self):
+    with self._client_lock:
+      if self._client is None:
+        import openai  # pylint: disable=g-import-not-at-top
+
+        key = secrets.load_api_key(self.config.api_key_env, self.config.api_key_file)
+        base_url = self.config.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._client = openai.OpenAI(api_key=key or "EMPTY", base_url=base_url, timeout=self.config.timeout_s,
+                                     max_retries=0)  # retries are ours, so they show in the stats
+      return self._client
+
+  def _count(self, field: str, key: str | None = None, n: float = 1) -> None:
+    with self._stats_lock:
+      if key is None:
+        setattr(self.stats, field, getattr(self.stats, field) + n)
+      else:
+        d = getattr(self.stats, field)
+        d[key] = d.get(key, 0) + int(n)
+
+  # ---- cache
+  def _request(self, messages: list[fmt_base.Message]) -> dict[str, Any]:
+    return {"model": self.config.model, "messages": fmt_base.to_openai_messages(messages, self.config.image_root),
+            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature, "seed": self.config.seed}
+
+  def _cache_path(self, request: dict[str, Any]) -> str | None:
+    if not self.config.cache_dir:
+      return None
+    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    return os.path.join(self.config.cache_dir, key[:2], key + ".json")
+
+  @staticmethod
+  def _read_cache(path: str | None) -> dict[str, Any] | None:
+    if path is None or not os.path.exists(path):
+      return None
+    try:
+      with open(path, encoding="utf-8") as f:
+        return json.load(f)
+    except (OSError, ValueError):  # a torn or foreign file is a miss, and is rewritten
+      return None
+
+  @staticmethod
+  def _write_cache(path: str | None, entry: dict[str, Any]) -> None:
+    if path is None:
+      return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump(entry, f)
+    os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
+
+  # ---- one completion, with retries
+  def complete(self, messages: list[fmt_base.Message]) -> str:
+    """The model's reply text; raises `JudgeUnavailable` (redacted reason) when none can be had."""
+    request = self._request(messages)
+    self._count("requests")
+    path = self._cache_path(request)
+    cached = self._read_cache(path)
+    if cached is not None:
+      self._count("cache_hits")
+      return cached["content"]
+    cause, detail = "", ""
+    for attempt in range(self.config.max_retries + 1):
+      if attempt:
+        self._count("retries", cause)
+        time.sleep(self._backoff(attempt, detail))
+      self._count("api_calls")
+      try:
+        resp = self.client().chat.completions.create(**request)
+        content = resp.choices[0].message.content
+        if not isinstance(content, str):
+          raise TypeError(f"message.content is {type(content).__name__}")
+      except Exception as e:  # pylint: disable=broad-except
+        cause, retryable, detail = _classify(e)
+        if not retryable:
+          self._count("failures", cause)
+          raise JudgeUnavailable(secrets.redact(f"{cause}: {e}")) from None
+        continue
+      usage = getattr(resp, "usage", None)
+      prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+      completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+      self._count("prompt_tokens", n=prompt_tokens)
+      self._count("completion_tokens", n=completion_tokens)
+      self._count("cost_usd", n=prompt_tokens / 1000 * self.config.usd_per_1k_prompt
+                  + completion_tokens / 1000 * self.config.usd_per_1k_completion)
+      self._write_cache(path, {"content": content, "prompt_tokens": prompt_tokens,
+                               "completion_tokens": completion_tokens, "model": self.config.model})
+      return content
+    self._count("failures", cause)
+    raise JudgeUnavailable(secrets.redact(f"gave up after {self.config.max_retries + 1} attempts; last error "
+                                          f"{cause}: {detail}"))
+
+  def _backoff(self, attempt: int, retry_after: str) -> float:
+    delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1))
+    if retry_after.startswith("retry-after="):
+      try:
+        delay = min(self.config.backoff_max_s, max(delay, float(retry_after.split("=", 1)[1])))
+      except ValueError:
+        pass
+    with self._stats_lock:
+      jitter = self._rng.uniform(0, 0.25 * delay)
+    return delay + jitter
+
+  # ---- protocols
+  def evaluate(self, task: Task, trajectory: Trajectory) -> Verdict:
+    try:
+      if self.config.protocol == "webvoyager":
+        verdict = self._webvoyager(task, trajectory)
+      else:
+        verdict = self._digirl(task, trajectory)
+    except JudgeUnavailable as e:
+      verdict = Verdict(None, f"unjudged: {e}")
+    except (OSError, ValueError) as e:  # unreadable screenshots and the like: unjudged, with the reason
+      verdict = Verdict(None, secrets.redact(f"unjudged: {type(e).__name__}: {e}"))
+    key = "unjudged" if verdict.success is None else ("success" if verdict.success >= 1.0 else "failure")
+    self._count("verdicts", key)
+    return verdict
+
+  def _root(self, trajectory: Trajectory) -> str:
+    return trajectory.meta.get("image_root") or self.config.image_root
+
+  def _webvoyager(self, task: Task, trajectory: Trajectory) -> Verdict:
+    answer = _final_answer(trajectory)
+    if answer is None:
+      return Verdict(0.0, "no ANSWER at the end of the trajectory (WebVoyager's auto_eval scores 0 without asking)")
+    k = self.config.max_attached_imgs
+    root = self._root(trajectory)
+    paths = [s.image_path for s in trajectory.steps if s.image_path][-k:]
+    images = [p if os.path.isabs(p) or not root else os.path.join(root, p) for p in paths]
+    reply = self.complete(webvoyager_messages(task.intent, answer, images, k))
+    return parse_webvoyager_verdict(reply)
+
+  def _digirl(self, task: Task, trajectory: Trajectory) -> Verdict:
+    threshold = 0.001 * 255 ** 2
+    seen: list[np.ndarray] = []
+    root = self._root(trajectory)
+    reasons = []
+    for t, step in enumerate(trajectory.steps):
+      if not step.image_path or not step.next_image_path:
+        return Verdict(None, f"unjudged: step {t} lacks image_path/next_image_path (DigiRL judges each new screen)")
+      prev = _image_array(step.image_path, root).astype(np.float64)
+      cur_u8 = _image_array(step.next_image_path, root)
+      cur = cur_u8.astype(np.float64)
+      if prev.shape == cur.shape and np.mean((prev - cur) ** 2) < threshold:
+        reasons.append(f"step {t}: screen unchanged")
+        continue
+      if any(s.shape == cur.shape and np.mean((s - cur) ** 2) < threshold for s in seen):
+        reasons.append(f"step {t}: screen seen before")
+        continue
+      if len(seen) < 5:
+        seen.append(cur)
+      verdict = parse_digirl_status(self.complete(digirl_messages(task.intent, _quarter(cur_u8))))
+      if verdict.success == 1.0:
+        return Verdict(1.0, f"step {t}: {verdict.reason}")
+      reasons.append(f"step {t}: {verdict.reason}")
+    return Verdict(0.0, "; ".join(reasons) or "no steps")
+
+  def evaluate_many(self, pairs: Sequence[tuple[Task, Trajectory]]) -> list[Verdict]:
+    """Judge many trajectories on a bounded thread pool; the order of the result follows `pairs`."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
+      return list(pool.map(lambda p: self.evaluate(*p), pairs))
+
+
+def _classify(e: Exception) -> tuple[str, bool, str]:
+  """(cause, retryable, detail) of a failed call. `detail` carries Retry-After when the server sent one."""
+  import openai  # pylint: disable=g-import-not-at-top
+
+  if isinstance(e, openai.APITimeoutError):
+    return "timeout", True, str(e)
+  if isinstance(e, openai.APIConnectionError):
+    return "connection", True, str(e)
+  if isinstance(e, openai.APIStatusError):
+    status = e.status_code
+    retry_after = ""
+    try:
+      retry_after = e.response.headers.get("retry-after", "")
+    except Exception:  # pylint: disable=broad-except
+      pass
+    detail = f"retry-after={retry_after}" if retry_after else str(e)
+    if status == 429:
+      return "429", True, detail
+    if status >= 500:
+      return "5xx", True, detail
+    return f"http_{status}", False, str(e)
+  if isinstance(e, (openai.APIResponseValidationError, ValueError, TypeError, KeyError, IndexError, AttributeError)):
+    return "malformed", True, f"{type(e).__name__}: {e}"
+  return type(e).__name__, False, str(e)

@@ -1,0 +1,202 @@
+"""LLM judges against a real local OpenAI-compatible HTTP server (`openai_peer.py`), faults included."""
+
+import base64
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from jaxagent.agents import base
+from jaxagent.agents import webvoyager_prompts as P
+from jaxagent.judges import llm, secrets
+from jaxagent.judges.llm import LLMJudge, LLMJudgeConfig
+from jaxagent.types import Action, ActionKind, Step, Task, Trajectory, Verdict
+from openai_peer import Peer, PeerState
+
+KEY = "sk-jaxagent-test-0123456789abcdef"
+
+
+def _png(path, value, size=8):
+  path.write_bytes(base.png_bytes(np.full((size, size, 3), value, np.uint8)))
+
+
+def _webvoyager_traj(i, answer, tmp_path, n_steps=4):
+  """A trajectory whose last step answers `answer` (None: the episode did not end with ANSWER)."""
+  task = Task(id=f"t{i}", intent=f"Find item {i}", site="shop", start_url="http://127.0.0.1/")
+  steps = []
+  for s in range(n_steps):
+    name = f"wv_{i}_{s}.png"
+    if not (tmp_path / name).exists():
+      _png(tmp_path / name, (i * 7 + s * 31) % 256)
+    last = s == n_steps - 1
+    action = Action(ActionKind.ANSWER, text=answer) if last and answer is not None else Action(ActionKind.CLICK, element=s)
+    steps.append(Step(step=s, action=action, image_path=name, action_text="..."))
+  return task, Trajectory(task=task, steps=steps)
+
+
+def _config(peer, tmp_path, **kw):
+  d = dict(base_url=peer.base_url, model="judge-model", api_key_env="JAXAGENT_TEST_KEY", image_root=str(tmp_path),
+           backoff_initial_s=0.01, backoff_max_s=0.05, timeout_s=5.0, max_retries=5, concurrency=8)
+  d.update(kw)
+  return LLMJudgeConfig(**d)
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+  monkeypatch.setenv("JAXAGENT_TEST_KEY", KEY)
+
+
+def test_verdict_parsing_is_the_originals():
+  assert llm.parse_webvoyager_verdict("... NOT SUCCESS").success == 0.0
+  assert llm.parse_webvoyager_verdict("Verdict: SUCCESS").success == 1.0
+  assert llm.parse_webvoyager_verdict("NOT SUCCESS, well, SUCCESS").success == 0.0  # NOT SUCCESS checked first
+  unjudged = llm.parse_webvoyager_verdict("cannot tell")
+  assert unjudged.success is None and "neither SUCCESS nor NOT SUCCESS" in unjudged.reason
+  assert llm.parse_digirl_status("Q: x\nA: y\nStatus: success").success == 1.0
+  assert llm.parse_digirl_status("Status: failure").success == 0.0
+  assert llm.parse_digirl_status("no status").success == 0.0
+
+
+def test_webvoyager_protocol_over_http(tmp_path):
+  with Peer() as peer:
+    judge = LLMJudge(_config(peer, tmp_path))
+    cases = [("the price is correct", 1.0), ("wrong page", 0.0), ("unsure", None), (None, 0.0)]
+    verdicts = [judge.evaluate(*_webvoyager_traj(i, a, tmp_path)) for i, (a, _) in enumerate(cases)]
+    assert [v.success for v in verdicts] == [c[1] for c in cases]
+    assert "no ANSWER" in verdicts[3].reason  # scored 0 without asking, as auto_eval.py does
+    assert len(peer.state.bodies) == 3
+    body = peer.state.bodies[0]
+    assert (body["model"], body["temperature"], body["seed"], body["max_tokens"]) == ("judge-model", 0.0, 42, 1000)
+    assert body["messages"][0] == {"role": "system", "content": P.AUTO_EVAL_SYSTEM_PROMPT}
+    parts = body["messages"][1]["content"]
+    assert parts[0] == {"type": "text", "text": "TASK: Find item 0\nResult Response: the price is correct\n"
+                                                 "3 screenshots at the end: "}
+    assert [p["type"] for p in parts] == ["text", "image_url", "image_url", "image_url", "text"]
+    assert parts[-1] == {"type": "text", "text": "Your verdict:\n"}
+    shown = [np.asarray(Image.open(io.BytesIO(base64.b64decode(p["image_url"]["url"].split(",", 1)[1]))))[0, 0, 0]
+             for p in parts[1:4]]
+    assert shown == [31, 62, 93]  # the LAST 3 of the 4 screenshots, in order
+    assert peer.state.auth_headers == {f"Bearer {KEY}"}
+  s = judge.stats
+  assert (s.requests, s.api_calls, s.cache_hits, s.retries, s.failures) == (3, 3, 0, {}, {})
+  assert s.prompt_tokens > 0 and s.completion_tokens > 0
+  assert s.cost_usd == pytest.approx(s.prompt_tokens / 1000 * 0.01 + s.completion_tokens / 1000 * 0.03)
+  assert s.verdicts == {"success": 1, "failure": 2, "unjudged": 1}
+
+
+def test_cache_makes_rejudging_free(tmp_path):
+  cache = tmp_path / "cache"
+  pairs = [_webvoyager_traj(i, "correct" if i % 2 else "wrong", tmp_path) for i in range(6)]
+  with Peer() as peer:
+    first = LLMJudge(_config(peer, tmp_path, cache_dir=str(cache))).evaluate_many(pairs)
+    calls = len(peer.state.bodies)
+    again = LLMJudge(_config(peer, tmp_path, cache_dir=str(cache)))
+    second = again.evaluate_many(pairs)
+    assert len(peer.state.bodies) == calls == 6  # nothing new reached the server
+    assert first == second == [Verdict(float(i % 2), "judge: " + ("SUCCESS" if i % 2 else "NOT SUCCESS"))
+                               for i in range(6)]
+    assert (again.stats.cache_hits, again.stats.api_calls, again.stats.prompt_tokens) == (6, 0, 0)
+    # A different screenshot is a different request: a miss.
+    _png(tmp_path / "wv_0_3.png", 200)
+    again.evaluate(*pairs[0])
+    assert again.stats.api_calls == 1 and len(peer.state.bodies) == 7
+
+
+def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
+  state = PeerState(fault_rate=0.35, seed=1234, timeout_sleep=0.6)
+  expected = {}
+  pairs = []
+  for i in range(200):
+    answer = "correct" if i % 3 == 0 else "wrong" if i % 3 == 1 else "unsure"
+    expected[i] = {"correct": 1.0, "wrong": 0.0, "unsure": None}[answer]
+    pairs.append(_webvoyager_traj(i, answer, tmp_path, n_steps=2))
+  with Peer(state) as peer:
+    judge = LLMJudge(_config(peer, tmp_path, timeout_s=0.25, max_retries=4))
+    verdicts = judge.evaluate_many(pairs)
+  s = judge.stats
+  assert len(verdicts) == 200
+  unjudged_by_api = 0
+  for i, v in enumerate(verdicts):
+    assert isinstance(v, Verdict) and v.reason
+    if v.reason.startswith("unjudged:"):
+      unjudged_by_api += 1
+      assert v.success is None and "gave up after 5 attempts" in v.reason
+    else:
+      assert v.success == expected[i], (i, v)
+  assert sum(s.verdicts.values()) == 200
+  assert sum(s.failures.values()) == unjudged_by_api
+  assert set(s.retries) == {"429", "5xx", "timeout", "malformed"}, s.retries
+  assert s.api_calls == sum(state.outcomes.values()) == 200 + sum(s.retries.values())
+  assert state.outcomes["429"] + state.outcomes["500"] + state.outcomes["malformed"] + state.outcomes["no_choices"] \
+      + state.outcomes["timeout"] == sum(s.retries.values()) + unjudged_by_api
+  json.dumps(s.as_dict())  # the stats are loggable as they are
+
+
+def test_key_never_leaks(tmp_path):
+  state = PeerState(auth_echo=True)  # the server puts the key it received into its error message
+  with Peer(state) as peer:
+    judge = LLMJudge(_config(peer, tmp_path, cache_dir=str(tmp_path / "cache")))
+    v = judge.evaluate(*_webvoyager_traj(0, "correct", tmp_path))
+  assert v.success is None and v.reason.startswith("unjudged: http_401")
+  assert secrets.REDACTED in v.reason and KEY not in v.reason
+  assert judge.stats.api_calls == 1 and judge.stats.failures == {"http_401": 1}  # 4xx: no retries
+  assert KEY not in json.dumps(judge.stats.as_dict()) and KEY not in repr(judge.config)
+  for root, _, files in os.walk(tmp_path):
+    for name in files:
+      assert KEY.encode() not in (os.path.join(root, name) and open(os.path.join(root, name), "rb").read())
+
+
+def test_redact_and_key_file(tmp_path, monkeypatch):
+  assert secrets.redact(f"call failed: Bearer {KEY}") == f"call failed: Bearer {secrets.REDACTED}"
+  assert secrets.redact("key sk-abcdefgh12345678 here") == f"key {secrets.REDACTED} here"
+  monkeypatch.delenv("JAXAGENT_OTHER_KEY", raising=False)
+  key_file = tmp_path / "key.txt"
+  key_file.write_text("file-secret-value-42\n")
+  assert secrets.load_api_key("JAXAGENT_OTHER_KEY", str(key_file)) == "file-secret-value-42"
+  assert secrets.redact("oops file-secret-value-42") == f"oops {secrets.REDACTED}"
+  assert secrets.load_api_key("JAXAGENT_OTHER_KEY", "") is None
+  with pytest.raises(ValueError, match="api key file '.*missing.txt' cannot be read.*key_file"):
+    secrets.load_api_key("JAXAGENT_OTHER_KEY", str(tmp_path / "missing.txt"))
+  with pytest.raises(ValueError, match=r"unknown key\(s\) \['api_key'\]"):
+    LLMJudgeConfig.from_config({"api_key": KEY})
+
+
+def _digirl_traj(task_text, values, tmp_path):
+  """Steps s -> s+1 over screens with the given fill values (64x64, so the 1/4 image is 16x16)."""
+  for v in set(values):
+    if not (tmp_path / f"d{v}.png").exists():
+      _png(tmp_path / f"d{v}.png", v, size=64)
+  steps = [Step(step=t, image_path=f"d{values[t]}.png", next_image_path=f"d{values[t + 1]}.png")
+           for t in range(len(values) - 1)]
+  task = Task(id=task_text, intent=task_text, site="launcher", start_url="/", profile="device")
+  return task, Trajectory(task=task, steps=steps)
+
+
+def test_digirl_per_step_protocol(tmp_path):
+  with Peer() as peer:
+    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl"))
+    # Step 0 leaves the screen unchanged (no call); step 1 changes it: the judge says success.
+    v = judge.evaluate(*_digirl_traj("please succeed", [10, 10, 90, 150], tmp_path))
+    assert v == Verdict(1.0, "step 1: judge: Status: success")
+    assert len(peer.state.bodies) == 1
+    parts = peer.state.bodies[0]["messages"][0]["content"]
+    assert parts[0]["text"] == ("You're an expert in evaluating whether the Screenshot successfully completes the "
+                                "Task.\n=====Your Turn=====\nScreenshot: ")
+    assert parts[2]["text"].startswith("Task: please succeed\nRespond in this format:\nQ: What should I expect")
+    img = Image.open(io.BytesIO(base64.b64decode(parts[1]["image_url"]["url"].split(",", 1)[1])))
+    assert img.size == (16, 16)  # downscaled 4x, as process_image does
+    # A failing task: every new screen is judged once; returning to a seen screen costs no call.
+    v = judge.evaluate(*_digirl_traj("do it", [10, 90, 150, 90], tmp_path))
+    assert v.success == 0.0 and "step 2: screen seen before" in v.reason
+    assert len(peer.state.bodies) == 3
+
+
+def test_unreadable_screenshot_is_unjudged(tmp_path):
+  task, traj = _webvoyager_traj(0, "correct", tmp_path)
+  traj.steps[-1].image_path = "does_not_exist.png"
+  with Peer() as peer:
+    v = LLMJudge(_config(peer, tmp_path)).evaluate(task, traj)
+    assert v.success is None and "does_not_exist.png" in v.reason and not peer.state.bodies
