@@ -10,8 +10,10 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from jaxagent import sharding
+from jaxagent.models import sampler, vlm
 from jaxagent.models.hf import clip as hf_clip
 from jaxagent.models.hf import io
+from jaxagent.models.hf import llava as hf_llava
 from jaxagent.models.hf import siglip as hf_siglip
 
 REL_TOL = 1e-4
@@ -160,3 +162,113 @@ def test_reads_vision_model_prefixed_checkpoints(clip_ckpt, tmp_path):
   tower, cfg = hf_clip.load_pretrained(tmp_path, select_layer=-2)
   x = _pixels(1, cfg.image_size)
   assert _rel_err(features(tower, x), _hf_vision(hf_model, x).hidden_states[-2][:, 1:]) < REL_TOL
+
+
+# --- LLaVA ----------------------------------------------------------------------------------------------------
+
+IMAGE_TOKEN = 99
+GEN_CONFIG = dict(max_new_tokens=20, temperature=0.0, eos_ids=(2,), pad_id=0)
+
+
+@pytest.fixture(scope="module")
+def llava_ckpt(tmp_path_factory):
+  vision = transformers.CLIPVisionConfig(**TOWER)
+  text = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=100, max_position_embeddings=128,
+                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+  config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
+                                    image_seq_length=16, vision_feature_layer=-2)
+  hf_model = _randomise(transformers.LlavaForConditionalGeneration(config), seed=3)
+  path = tmp_path_factory.mktemp("llava")
+  hf_model.save_pretrained(path)
+  transformers.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+                                     ).save_pretrained(path)
+  model, cfg = hf_llava.load_pretrained(path)
+  return hf_model, path, model, cfg
+
+
+def _llava_batch(seed=0):
+  """Row 0: two images and right padding; row 1: one image. Image tokens sit in blocks of 16."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(3, IMAGE_TOKEN, size=(2, 40))
+  ids[0, 3:19] = IMAGE_TOKEN
+  ids[0, 21:37] = IMAGE_TOKEN
+  ids[1, 5:21] = IMAGE_TOKEN
+  mask = np.ones((2, 40), bool)
+  mask[0, 38:] = False
+  ids[0, 38:] = 0
+  positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  return ids, mask, positions, _pixels(3, TOWER["image_size"], seed=seed)
+
+
+def test_llava_config_and_layout(llava_ckpt):
+  _, _, model, cfg = llava_ckpt
+  assert cfg.image_token_id == IMAGE_TOKEN and cfg.num_image_tokens == 16
+  assert cfg.vision.select_layer == -2 and cfg.vision.select_feature == "patch"
+  assert model.projector.linear_1.kernel.get_value().shape == (32, 32)
+
+
+def test_llava_logits_parity_with_one_and_two_images_and_padding(llava_ckpt):
+  hf_model, _, model, cfg = llava_ckpt
+  ids, mask, positions, pixels = _llava_batch()
+  with torch.no_grad():
+    ref = hf_model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2)),
+                   attention_mask=torch.from_numpy(mask).long(), position_ids=torch.from_numpy(positions))
+  forward = nnx.jit(lambda m, i, x, a, p: m(i, x, attention_mask=a, positions=p))
+  ours = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(pixels), jnp.asarray(mask), jnp.asarray(positions)))
+  assert _rel_err(ours[mask], ref.logits.numpy()[mask]) < REL_TOL
+
+
+def test_llava_greedy_decoding_matches_hf_generate(llava_ckpt):
+  hf_model, _, model, cfg = llava_ckpt
+  rng = np.random.default_rng(1)
+  ids = rng.integers(3, IMAGE_TOKEN, size=(2, 24))
+  mask = np.ones((2, 24), bool)
+  ids[0, 2:18] = IMAGE_TOKEN
+  ids[1, :6], mask[1, :6] = 0, False  # left padding, as HF generate wants
+  ids[1, 7:23] = IMAGE_TOKEN
+  pixels = _pixels(2, TOWER["image_size"], seed=4)
+  with torch.no_grad():
+    ref = hf_model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long(),
+                            pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2)), do_sample=False,
+                            max_new_tokens=20, eos_token_id=2, pad_token_id=0)[:, ids.shape[1]:].numpy()
+  out = vlm.sample(model, ids, mask, pixels, sampler.SamplingConfig(**GEN_CONFIG))
+  tokens = np.asarray(out.tokens)
+  assert ref.shape[1] == 20 or (ref == 2).any()
+  np.testing.assert_array_equal(tokens[:, :ref.shape[1]], ref)
+  assert np.all(np.isfinite(np.asarray(out.logprobs))) and np.all(np.asarray(out.logprobs) <= 0)
+
+
+def test_llava_export_reloads_in_transformers(llava_ckpt, tmp_path):
+  hf_model, path, model, cfg = llava_ckpt
+  hf_llava.save_pretrained(model, cfg, tmp_path, processor_from=path)
+  reloaded = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path).eval()
+  want, got = hf_model.state_dict(), reloaded.state_dict()
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
+  assert reloaded.config.vision_feature_layer == -2 and reloaded.config.image_token_id == IMAGE_TOKEN
+  ids, mask, positions, pixels = _llava_batch(seed=2)
+  args = dict(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2)),
+              attention_mask=torch.from_numpy(mask).long(), position_ids=torch.from_numpy(positions))
+  with torch.no_grad():
+    np.testing.assert_array_equal(reloaded(**args).logits.numpy(), hf_model(**args).logits.numpy())
+  # The processor travels with the weights, and our preprocessing reads the same settings.
+  processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+  image = np.random.RandomState(5).randint(0, 256, (45, 60, 3)).astype(np.uint8)
+  want = processor(images=[image], return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
+  np.testing.assert_allclose(hf_llava.image_preprocessing(tmp_path)([image]), want, atol=1e-5)
+
+
+def test_llava_loads_onto_an_8_device_mesh(llava_ckpt):
+  hf_model, path, model, cfg = llava_ckpt
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  sharded, _ = hf_llava.load_pretrained(path, mesh)
+  kernel = sharded.projector.linear_1.kernel.get_value()
+  assert kernel.sharding.spec == sharding.logical_to_spec(("vision_embed", "mlp"), kernel.shape, mesh)
+  ids, mask, positions, pixels = _llava_batch()
+  forward = nnx.jit(lambda m, i, x, a: m(i, x, attention_mask=a))
+  expected = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(pixels), jnp.asarray(mask)))
+  with jax.set_mesh(mesh):
+    got = np.asarray(forward(sharded, jnp.asarray(ids), jnp.asarray(pixels), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
