@@ -57,7 +57,7 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def env():
-  e = BrowserEnv(profile="web", observation="som")
+  e = BrowserEnv(observation="som")  # no fixed profile: each task's own (web unless a test says otherwise)
   yield e
   e.close()
 
@@ -202,17 +202,17 @@ def test_unreachable_start_url_is_a_clear_error(env):
     env.reset(Task(id="dead", intent="", site="fixture", start_url="http://127.0.0.1:1/"))
 
 
-def test_device_profile_tap_at_normalised_point_and_swipe(site):
-  with BrowserEnv(observation="som") as dev:  # no fixed profile: each task's own
-    obs = dev.reset(_task(site, "phone.html", profile="device"))
-    assert obs.screenshot.shape == (915, 412, 3) and dev.page.evaluate("navigator.maxTouchPoints") > 0
-    # The pad spans y in [400, 600] CSS px of a 915 px tall screen.
-    dev.step(Action(ActionKind.CLICK, x=0.5, y=500 / 915, normalized=True))
-    assert dev.page.inner_text("#status") == "tapped pad"
-    dev.step(Action(ActionKind.SWIPE, x=0.5, y=0.8, x2=0.5, y2=0.2, normalized=True))
-    assert dev.page.evaluate("window.scrollY") > 100
-    obs, *_ = dev.step(Action(ActionKind.HOME))
-    assert obs.url == site + "phone.html"
+def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
+  obs = env.reset(_task(site, "phone.html", profile="device", meta={"home_url": site + "next.html"}))
+  assert obs.screenshot.shape == (915, 412, 3) and env.page.evaluate("navigator.maxTouchPoints") > 0
+  # The pad spans y in [400, 600] CSS px of a 915 px tall screen.
+  env.step(Action(ActionKind.CLICK, x=0.5, y=500 / 915, normalized=True))
+  assert env.page.inner_text("#status") == "tapped pad"
+  env.step(Action(ActionKind.SWIPE, x=0.5, y=0.8, x2=0.5, y2=0.2, normalized=True))
+  assert env.page.evaluate("window.scrollY") > 100
+  obs, *_ = env.step(Action(ActionKind.HOME))
+  assert obs.url == site + "next.html"
+  assert env.reset(_task(site)).screenshot.shape == (768, 1024, 3)  # the next web task gets the desktop again
 
 
 def _chromium_children():

@@ -73,12 +73,15 @@ def test_seeds_reproduce_episodes(env):
   assert utterances[0] == utterances[2] != utterances[1]
 
 
-def test_a11y_ids_on_miniwob_and_time_scaled_reward():
-  with miniwob.MiniWoBEnv(observation="a11y", reward="time_scaled") as env:
+def test_a11y_ids_on_miniwob_and_time_scaled_reward(env):
+  env.observation, env.reward = "a11y", "time_scaled"
+  try:
     obs = env.reset(miniwob.make_task("click-button", seed=3))
     node = next(i for i, n in obs.a11y_nodes.items() if n["role"] == "button" and n["name"] == _target(obs))
     _, reward, done, info = env.step(Action(ActionKind.CLICK, element=node))
     assert done and 0 < reward < 1.0 and reward == info["env_reward"]
+  finally:
+    env.observation, env.reward = "som", "raw"
 
 
 def test_flight_task_loads_in_its_iframe_wrapper(env):
