@@ -1,0 +1,90 @@
+"""Conventions shared by every `configs/*.py` file, and the helpers they use.
+
+A config file is a plain Python module that defines
+
+  * `get_config(arg=None) -> ml_collections.ConfigDict`: `arg` is the text after the colon in
+    `--config=configs/il.py:arg`. The bare file (`arg` empty or None) is the *embedded default*: it runs on a
+    laptop CPU in minutes with no download. `arg` is either a variant name (`configs/il.py:smoke`) or
+    `key=value` pairs (`configs/il.py:variant=smoke,steps=10`), parsed by `parse_arg`.
+  * `VARIANTS`: a module-level tuple of the variant names `get_config` accepts (the default is implied).
+    `tests/test_configs.py` loads every file in `configs/` with `get_config()` and with every name in its
+    `VARIANTS`, so a new recipe config is covered by that test as soon as it is added.
+  * every config sets `config.recipe` (a name in `jaxagent.recipes.RECIPES`), and the shared blocks below
+    (`mesh`, `train`, `optim`, `checkpoint`, `profile`) built by `base_config()`, so every recipe shares
+    one training loop (`jaxagent.train.loop`).
+
+Command-line overrides (`--config.optim.lr=3e-4`) may only set keys that exist; `jaxagent.main` rejects a typo
+with the nearest valid key paths.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """`"smoke"` or `"variant=smoke,steps=10"` → ConfigDict over `defaults` (big_vision's `parse_arg`).
+
+  A bare word sets `variant`. Values take the type of their default, so `steps=10` is an int.
+  """
+  out = ml_collections.ConfigDict(dict(defaults))
+  if not arg:
+    return out
+  for part in arg.split(","):
+    if not part:
+      continue
+    key, sep, value = part.partition("=")
+    if not sep:
+      key, value = "variant", part
+    if key not in out:
+      raise ValueError(f"config arg {key!r} is not one of {sorted(out.keys())}")
+    default = out[key]
+    if isinstance(default, bool):
+      out[key] = value.lower() in ("1", "true", "yes")
+    elif default is not None and not isinstance(default, str):
+      out[key] = type(default)(value)
+    else:
+      out[key] = value
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Blocks every recipe's training loop reads; recipes override values, never rename keys."""
+  c = ml_collections.ConfigDict()
+  c.recipe = ""
+  c.seed = 0
+  c.distributed = False  # call jax.distributed.initialize() (multi-host)
+  # Mesh over (data, fsdp, tensor); one axis may be -1 (= the remaining devices).
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # Logical-axis rules override: None uses jaxagent.sharding.RULES.
+  c.sharding_rules = ml_collections.FieldReference(None, field_type=tuple)
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 100
+  c.train.batch_size = 8  # global batch, per optimizer step
+  c.train.grad_accum_steps = 1  # micro-batches per step (batch_size must divide by it)
+  c.train.log_every = 10
+  c.train.progress_bar = True
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-3
+  c.optim.end_lr_ratio = 0.1  # cosine decays to lr * end_lr_ratio
+  c.optim.warmup_steps = 10
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.eps = 1e-8
+  c.optim.weight_decay = 0.0
+  c.optim.clip_norm = 1.0  # 0 disables clipping
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 50  # steps; the last step is always saved
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.profile = ml_collections.ConfigDict()
+  c.profile.start_step = -1  # < 0: no trace
+  c.profile.num_steps = 3
+
+  # Peak FLOP/s for MFU; 0 = the device's known peak, else the matmul rate measured on this machine.
+  c.peak_flops = 0.0
+  return c

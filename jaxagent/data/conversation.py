@@ -1,0 +1,145 @@
+"""OpenWebVoyager conversation samples → token ids with an assistant-only loss mask.
+
+Format (`reference/algorithms.md` §2.2–2.3): `{"id", "images": [paths], "conversations": [{"from": "human" |
+"gpt", "value"}]}`, `<image>` placeholders in human turns, one per entry of `images`, in order. Turns are
+rendered with the idefics2-style chat template of `data/tokenizer.py` (the same string
+`tokenizer.apply_chat_template` gives at inference), tokenised once, and the loss mask comes from character
+offsets: a token carries loss iff it lies in an assistant turn's content or its closing `<end_of_utterance>`
+(Megatron's `get_answer_mask`, §2.5). Each `<image>` then expands to `num_image_tokens` image-token ids, which
+never carry loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxagent.data.tokenizer import END_OF_UTTERANCE, IMAGE_TOKEN
+
+ROLES = {"human": "user", "gpt": "assistant"}
+
+
+class ConversationError(ValueError):
+  """A malformed sample; the message names the sample id and the fix."""
+
+
+def validate(item: Any, where: str = "") -> dict:
+  """Checks one sample's structure; returns it. Raises ConversationError naming its id."""
+  sid = item.get("id", "<no id>") if isinstance(item, dict) else "<not a dict>"
+  loc = f"{where}: " if where else ""
+  if not isinstance(item, dict) or "conversations" not in item:
+    raise ConversationError(f"{loc}sample {sid!r}: expected a dict with 'id', 'images', 'conversations'")
+  images = item.get("images") or []
+  if isinstance(images, str):
+    images = [images]
+  turns = item["conversations"]
+  if not isinstance(turns, list) or not turns:
+    raise ConversationError(f"{loc}sample {sid!r}: 'conversations' must be a non-empty list of turns")
+  for i, turn in enumerate(turns):
+    if turn.get("from") not in ROLES or not isinstance(turn.get("value"), str):
+      raise ConversationError(f"{loc}sample {sid!r}: turn {i} must be {{'from': 'human'|'gpt', 'value': str}}, "
+                              f"got {turn!r:.120}")
+  if not any(t["from"] == "gpt" for t in turns):
+    raise ConversationError(f"{loc}sample {sid!r}: no 'gpt' turn, so nothing would carry loss")
+  n_placeholders = sum(t["value"].count(IMAGE_TOKEN) for t in turns)
+  if n_placeholders != len(images):
+    raise ConversationError(
+        f"{loc}sample {sid!r}: {n_placeholders} {IMAGE_TOKEN} placeholder(s) in the text but {len(images)} "
+        "entries in 'images'; each image needs exactly one placeholder, in order")
+  return {"id": sid, "images": list(images), "conversations": turns}
+
+
+def load_conversations(path: str) -> list[dict]:
+  """Samples from a JSON list or a JSONL file, validated; image paths made absolute (relative to the file)."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  stripped = text.lstrip()
+  if stripped.startswith("["):
+    items = json.loads(text)
+  else:
+    items = [json.loads(line) for line in text.splitlines() if line.strip()]
+  base = os.path.dirname(os.path.abspath(path))
+  out = []
+  for n, item in enumerate(items):
+    item = validate(item, where=f"{path}[{n}]")
+    item["images"] = [p if os.path.isabs(p) else os.path.join(base, p) for p in item["images"]]
+    out.append(item)
+  return out
+
+
+def render(conversations: list[dict], bos: str = "<s>") -> tuple[str, list[tuple[int, int]]]:
+  """The chat-template string and the [start, end) character spans that carry loss.
+
+  Must equal `tokenizer.CHAT_TEMPLATE` (tested): `{bos}User: {value}<eou>\\nAssistant: {value}<eou>\\n...`.
+  """
+  parts, spans, pos = [bos], [], len(bos)
+  for turn in conversations:
+    role = ROLES[turn["from"]]
+    head = f"{role.capitalize()}:"
+    body = f" {turn['value']}{END_OF_UTTERANCE}"
+    if role == "assistant":
+      spans.append((pos + len(head), pos + len(head) + len(body)))
+    parts += [head, body, "\n"]
+    pos += len(head) + len(body) + 1
+  return "".join(parts), spans
+
+
+def to_messages(conversations: list[dict]) -> list[dict]:
+  """HF chat messages (`apply_chat_template` input) for the same turns."""
+  return [{"role": ROLES[t["from"]], "content": t["value"]} for t in conversations]
+
+
+def tokenize(item: dict, tokenizer, num_image_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+  """(ids, loss) for the whole rendered sample, `<image>` expanded; loss is 1 on assistant tokens only."""
+  text, spans = render(item["conversations"], tokenizer.bos_token or "")
+  enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+  ids = np.asarray(enc["input_ids"], np.int32)
+  starts = np.asarray([s for s, _ in enc["offset_mapping"]])
+  loss = np.zeros(len(ids), np.int32)
+  for s, e in spans:
+    loss |= (starts >= s) & (starts < e)
+  image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+  is_image = ids == image_id
+  if is_image.sum() != len(item["images"]):
+    raise ConversationError(f"sample {item['id']!r}: the tokenizer produced {is_image.sum()} {IMAGE_TOKEN} "
+                            f"tokens for {len(item['images'])} images; is {IMAGE_TOKEN} a special token?")
+  repeats = np.where(is_image, num_image_tokens, 1)
+  ids, loss = np.repeat(ids, repeats), np.repeat(loss, repeats)
+  loss[ids == image_id] = 0
+  return ids, loss
+
+
+def encode(item: dict, tokenizer, seq_len: int, num_image_tokens: int) -> dict:
+  """(arrays, number of images kept): fixed-length training arrays for one sample, right-padded.
+
+  Arrays: `input_ids`, `targets` (= inputs shifted left), `loss_mask` (on targets), `attention_mask`, each
+  [seq_len]. A sample longer than `seq_len + 1` is cut at the end, and an image whose token block would be
+  cut is dropped whole (with its tokens), so image tokens always come in complete blocks.
+  """
+  ids, loss = tokenize(item, tokenizer, num_image_tokens)
+  image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+  n_images = len(item["images"])
+  if len(ids) > seq_len + 1:
+    ids, loss = ids[:seq_len + 1], loss[:seq_len + 1]
+    n_img_tokens = int((ids == image_id).sum())
+    n_images = n_img_tokens // num_image_tokens
+    partial = n_img_tokens % num_image_tokens
+    if partial:  # drop the cut block: everything from its first token on
+      first = np.flatnonzero(ids == image_id)[n_images * num_image_tokens]
+      ids, loss = ids[:first], loss[:first]
+  n = len(ids) - 1
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  out = {
+      "input_ids": np.full(seq_len, pad, np.int32),
+      "targets": np.full(seq_len, pad, np.int32),
+      "loss_mask": np.zeros(seq_len, np.int32),
+      "attention_mask": np.zeros(seq_len, np.int32),
+  }
+  out["input_ids"][:n] = ids[:-1]
+  out["targets"][:n] = ids[1:]
+  out["loss_mask"][:n] = loss[1:]
+  out["attention_mask"][:n] = 1
+  return out, n_images

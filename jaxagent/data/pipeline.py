@@ -1,0 +1,71 @@
+"""The IL data pipeline on Grain: conversations → (shuffle, repeat) → tokenise + load images → batch.
+
+A `grain.MapDataset` indexed in training order, so the position of its iterator (checkpointed with the model by
+`train.loop`) fully determines what comes next: resumed runs see the batches an uninterrupted run would.
+Batches are host numpy dicts; `train.step.put_batch` places them on the mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+import jax
+import numpy as np
+
+from jaxagent.data import conversation
+
+
+def load_image(path: str, size: int) -> np.ndarray:
+  """RGB float32 [size, size, 3] in [0, 1] (bilinear resize; the model normalises)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  with Image.open(path) as img:
+    img = img.convert("RGB").resize((size, size), Image.BILINEAR)
+    return np.asarray(img, np.float32) / 255.0
+
+
+@dataclasses.dataclass
+class EncodeSample:
+  """Grain map: one validated conversation → fixed-shape arrays (+ images when `image_size`)."""
+  tokenizer: object
+  seq_len: int
+  num_image_tokens: int = 1
+  image_size: int = 0  # 0: text only (no pixels loaded; image tokens stay as plain ids)
+  max_images: int = 3
+
+  def __call__(self, item: dict) -> dict:
+    out, n_images = conversation.encode(item, self.tokenizer, self.seq_len, self.num_image_tokens)
+    if self.image_size:
+      if n_images > self.max_images:
+        raise conversation.ConversationError(
+            f"sample {item['id']!r}: {n_images} images but data.max_images={self.max_images}; raise it")
+      images = np.zeros((self.max_images, self.image_size, self.image_size, 3), np.float32)
+      for j, path in enumerate(item["images"][:n_images]):
+        images[j] = load_image(path, self.image_size)
+      out["images"] = images
+      out["image_mask"] = np.arange(self.max_images) < n_images
+    return out
+
+
+def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed: int = 0,
+               shuffle: bool = True) -> grain.MapDataset:
+  """Endless MapDataset of this process's batches (the global `batch_size` split over JAX processes).
+
+  Each epoch is reshuffled (Grain's `shuffle` then `repeat`); batches are disjoint across processes.
+  """
+  n_proc, proc = jax.process_count(), jax.process_index()
+  if batch_size % n_proc:
+    raise ValueError(f"train.batch_size={batch_size} must divide by the {n_proc} JAX processes")
+  if not items:
+    raise ValueError("IL dataset is empty; check config.data.path")
+  ds = grain.MapDataset.source(items)
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat(None).map(encode).batch(batch_size // n_proc, drop_remainder=True)
+  if n_proc > 1:
+    ds = ds[proc::n_proc]
+  return ds
+
+
+def read_options(num_threads: int = 2, prefetch: int = 16) -> grain.ReadOptions:
+  return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)

@@ -1,0 +1,92 @@
+"""Tokenizers: the embedded default's byte-level BPE, built here with no download, and checkpoint tokenizers.
+
+Both are Hugging Face fast tokenizers loaded with `transformers.AutoTokenizer.from_pretrained(dir)`. The default
+is trained on a generated corpus of agent prompts and actions (`synthetic_conversations.corpus()`), saved in HF
+format (`tokenizer.json`, `tokenizer_config.json` with the chat template) and cached, so every process and
+every run gets the same ids. Byte-level, so any text encodes.
+
+Special tokens follow idefics2 (OpenWebVoyager's policy, `reference/algorithms.md` §2.1): `<image>` placeholders
+in the text and `<end_of_utterance>` closing every turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+IMAGE_TOKEN = "<image>"
+END_OF_UTTERANCE = "<end_of_utterance>"
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, IMAGE_TOKEN, END_OF_UTTERANCE)
+
+# idefics2-style turns: "User: ...<end_of_utterance>\nAssistant: ...<end_of_utterance>\n"; generation starts
+# after "Assistant:". Content may be a string (with inline <image>) or a list of {"type": "text"|"image"}.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}:"
+    "{% if message['content'] is string %}{{ ' ' + message['content'] }}"
+    "{% else %}{% for chunk in message['content'] %}"
+    "{% if chunk['type'] == 'image' %}<image>{% else %}{{ ' ' + chunk['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<end_of_utterance>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+DEFAULT_VOCAB_SIZE = 1024
+_VERSION = "bpe-v1"
+
+
+def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, corpus=None) -> str:
+  """Trains the byte-level BPE on the agent corpus and writes it to `out_dir` in HF format."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
+
+  if corpus is None:
+    from jaxagent.data import synthetic_conversations  # pylint: disable=g-import-not-at-top
+    corpus = synthetic_conversations.corpus()
+  tok = Tokenizer(models.BPE(unk_token=None))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(corpus, trainer=trainer)
+  fast = PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+      additional_special_tokens=[IMAGE_TOKEN, END_OF_UTTERANCE], chat_template=CHAT_TEMPLATE,
+      model_max_length=1 << 20, padding_side="right")
+  fast.save_pretrained(out_dir)
+  return out_dir
+
+
+def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
+  """The cached default tokenizer's directory (built on first use; `$JAXAGENT_CACHE` or ~/.cache/jaxagent)."""
+  cache = os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
+  key = hashlib.sha1(f"{_VERSION}-{vocab_size}".encode()).hexdigest()[:10]
+  path = os.path.join(cache, f"tokenizer-{key}")
+  if not os.path.exists(os.path.join(path, "tokenizer.json")):
+    os.makedirs(cache, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=cache, prefix=".tokenizer-")
+    train_default_tokenizer(tmp, vocab_size)
+    try:
+      os.rename(tmp, path)  # atomic: concurrent builders agree on one directory
+    except OSError:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return path
+
+
+def load_tokenizer(path: str | None = None):
+  """A checkpoint directory's tokenizer, or (path None/"default") the embedded default's."""
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+  if path in (None, "", "default"):
+    path = default_tokenizer_dir()
+  tok = AutoTokenizer.from_pretrained(path)
+  missing = [t for t in (IMAGE_TOKEN,) if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
+  if missing:
+    raise ValueError(f"tokenizer at {path} has no {missing} token; the IL pipeline needs it for image "
+                     "placeholders (add it as a special token)")
+  if tok.chat_template is None:
+    tok.chat_template = CHAT_TEMPLATE
+  return tok

@@ -1,0 +1,94 @@
+"""Entry point: `python -m jaxagent.main --config=configs/il.py[:variant] --workdir=DIR [--config.a.b=v ...]`.
+
+Parses the config (ml_collections `config_flags`), optionally joins a multi-host job, writes the resolved
+config to the workdir and hands over to the recipe named by `config.recipe`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<recipe>.py[:variant]", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: resolved config, checkpoints, TensorBoard, profiles.")
+
+
+def flat_keys(cfg, prefix: str = "") -> list[str]:
+  """Every key path of a (nested) ConfigDict, e.g. `optim.lr`."""
+  keys = []
+  for k, v in cfg.items():
+    path = f"{prefix}{k}"
+    keys.append(path)
+    if hasattr(v, "items") and hasattr(v, "get_ref"):
+      keys.extend(flat_keys(v, path + "."))
+  return keys
+
+
+def load_config_file(spec: str):
+  """`get_config(arg)` of `path.py[:arg]`, loaded the way config_flags does."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_jaxagent_config", path)
+  if module_spec is None:
+    raise FileNotFoundError(f"--config={spec}: no such config file {path!r}")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Fails on an override of a key the config does not have, naming the nearest valid keys."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if spec is None or not overrides:
+    return
+  valid = flat_keys(load_config_file(spec))
+  for key in overrides:
+    if key not in valid:
+      near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+      hint = f"did you mean {', '.join('--config.' + n for n in near)}?" if near else "no similar key"
+      raise app.UsageError(f"--config.{key}: {spec} has no key {key!r}; {hint}")
+
+
+def _config_root_on_path(argv: list[str]) -> None:
+  """Config files import `configs.common`: make the directory holding `configs/` importable."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(spec.partition(":")[0])))
+    if root not in sys.path:
+      sys.path.insert(0, root)
+
+
+def _parse_flags(argv):
+  _config_root_on_path(argv)
+  try:
+    check_overrides(argv)
+  except app.UsageError as e:
+    sys.exit(f"FATAL Flags parsing error: {e}")
+  return flags.FLAGS(argv)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO; progress goes to tqdm
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if workdir is None:
+    raise app.UsageError("--workdir is required")
+  if config.get("distributed", False):
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize()
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
+  logging.info("recipe %s → %s", config.recipe, workdir)
+  recipes.get(config.recipe).run(config, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,109 @@
+"""Imitation learning (OpenWebVoyager stage 1, `reference/algorithms.md` §2.3–2.5).
+
+Supervised fine-tuning of the policy on teacher conversations: masked next-token cross-entropy on the assistant
+turns only (§2.5). `train_il` is the reusable entry point: OpenWebVoyager's optimisation iterations and Digi-Q's
+IL actor call it with their own data and workdir.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.data import conversation, pipeline, synthetic_conversations
+from jaxagent.data.tokenizer import IMAGE_TOKEN, load_tokenizer
+from jaxagent.train import loop, mfu
+from jaxagent.train.losses import masked_cross_entropy
+
+
+def il_loss(model, batch: dict, rng: jax.Array):
+  """Assistant-token cross-entropy (§2.5) and token accuracy; `rng` unused (no dropout)."""
+  del rng
+  kwargs = {"attention_mask": batch["attention_mask"]}
+  if "images" in batch:
+    kwargs.update(images=batch["images"], image_mask=batch["image_mask"])
+  logits = model(batch["input_ids"], **kwargs)
+  loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
+  hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
+  return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}
+
+
+def _round_up(n: int, k: int = 64) -> int:
+  return -(-n // k) * k
+
+
+def build_model(config, tokenizer):
+  """(model_fn, training FLOPs per token, image tokens per image) for `config.model`."""
+  from jaxagent.models.llama import DecoderConfig, init_decoder  # pylint: disable=g-import-not-at-top
+  mcfg, seq_len = config.model, config.data.seq_len
+  if mcfg.hf_checkpoint:
+    raise NotImplementedError(
+        "config.model.hf_checkpoint: starting IL from a Hugging Face checkpoint is not wired into the IL recipe "
+        "yet; leave it empty to train the built-in model")
+  dcfg = DecoderConfig.tiny(**{
+      **dict(mcfg.decoder), "vocab_size": _round_up(len(tokenizer)),
+      "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
+      "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
+  if mcfg.kind == "decoder":
+    return (lambda: init_decoder(dcfg, int(config.seed))), mfu.decoder_flops_per_token(dcfg, seq_len), 1
+  raise ValueError(f"config.model.kind={mcfg.kind!r}; use 'decoder' or 'vlm'")
+
+
+def load_items(config, workdir: str) -> list[dict]:
+  """The conversations: `config.data.path`, else synthetic ones generated (once) into `<workdir>/data`."""
+  path = config.data.path
+  if not path:
+    path = os.path.join(workdir, "data", "conversations.json")
+    if not os.path.exists(path):
+      synthetic_conversations.generate(os.path.dirname(path), config.data.synthetic_episodes,
+                                       seed=int(config.seed))
+  return conversation.load_conversations(path)
+
+
+def _sample_preview(tokenizer, arrays: dict) -> str:
+  """A sample's target text with its loss-carrying spans in ⟦ ⟧ (a TensorBoard check of the mask)."""
+  n = int(arrays["attention_mask"].sum())
+  targets, mask = arrays["targets"][:n], arrays["loss_mask"][:n]
+  cuts = np.flatnonzero(np.diff(mask)) + 1
+  out = []
+  for ids, m in zip(np.split(targets, cuts), np.split(mask, cuts)):
+    text = tokenizer.decode(ids.tolist())
+    out.append(f"⟦{text}⟧" if m[0] else text)
+  return "".join(out)
+
+
+def train_il(config, workdir: str, dataset: list[dict] | None = None) -> str:
+  """Trains the policy on OWV conversations; returns the final checkpoint path.
+
+  `dataset`: validated conversation dicts (`conversation.load_conversations`); None reads `config.data`.
+  The tokenizer is saved to `<workdir>/tokenizer` so the run directory is self-contained.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer = load_tokenizer(config.data.tokenizer or None)
+  if jax.process_index() == 0:
+    tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
+  items = [conversation.validate(x) for x in dataset] if dataset is not None else load_items(config, workdir)
+  model_fn, flops_per_token, num_image_tokens = build_model(config, tokenizer)
+  encode = pipeline.EncodeSample(tokenizer, config.data.seq_len, num_image_tokens,
+                                 config.data.image_size if config.model.kind == "vlm" else 0,
+                                 config.data.max_images)
+  ds = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))
+
+  def on_start(writer, ts):
+    del ts
+    arrays = encode(items[0])
+    writer.write_texts(0, {"data/first_sample_loss_marked": _sample_preview(tokenizer, arrays)})
+    if "images" in arrays:
+      writer.write_images(0, {"data/first_sample_images": arrays["images"][arrays["image_mask"]]})
+
+  return loop.train(config, workdir, model_fn=model_fn, loss_fn=il_loss, dataset=ds,
+                    flops_per_token=flops_per_token, on_start=on_start,
+                    read_options=pipeline.read_options(config.data.num_threads))
+
+
+def run(config, workdir: str) -> None:
+  path = train_il(config, workdir)
+  print(f"IL done: final checkpoint {path}")
