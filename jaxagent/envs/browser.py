@@ -2,8 +2,9 @@
 
 One browser per env object (one per pool worker), launched once; every `reset(task)` opens a fresh browser
 context (cookies, storage, history all new) without relaunching. Instead of the originals' fixed 3-10 s
-sleeps (`reference/algorithms.md` §1.3), an action is followed by one zero-delay task turn (handlers, microtasks and timers it queued run) and, only if it started
-a navigation, a capped wait for `load` and a short one for `networkidle`.
+sleeps (`reference/algorithms.md` §1.3), an action is followed by one zero-delay task turn (the handlers,
+microtasks and timers it queued run) and, only if it started a navigation or opened a window, a capped wait for
+`load` (plus, optionally, `networkidle`).
 
 Behaviour worth knowing:
 - Navigation is confined to the task's allowed origins (`Task.allowed_origins`, default the start URL's

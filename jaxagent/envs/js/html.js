@@ -20,7 +20,8 @@
     if (INTERACTIVE_TAGS.has(el.tagName)) return !(el.tagName === 'INPUT' && el.type === 'hidden');
     const role = el.getAttribute('role');
     if (role && INTERACTIVE_ROLES.has(role)) return true;
-    if (el.onclick != null || el.hasAttribute('onclick') || el.isContentEditable && el.contentEditable === 'true') return true;
+    if (el.onclick != null || el.hasAttribute('onclick')) return true;
+    if (el.isContentEditable && el.contentEditable === 'true') return true;
     if (style.cursor === 'pointer') {  // a pointer inherited from a clickable parent is not a new target
       const parent = el.parentElement;
       return !(parent && window.getComputedStyle(parent).cursor === 'pointer');
@@ -54,26 +55,33 @@
       const s = emit(child);
       if (s) inner.push(s);
     }
-    if (node.shadowRoot) for (const child of node.shadowRoot.childNodes) { const s = emit(child); if (s) inner.push(s); }
+    for (const child of node.shadowRoot ? node.shadowRoot.childNodes : []) {
+      const s = emit(child);
+      if (s) inner.push(s);
+    }
     const attrs = [];
     for (const a of KEEP_ATTRS) {
-      let v = a === 'value' && 'value' in node && node.tagName !== 'BUTTON' && node.tagName !== 'LI' ? node.value : node.getAttribute(a);
+      const liveValue = a === 'value' && 'value' in node && node.tagName !== 'BUTTON' && node.tagName !== 'LI';
+      let v = liveValue ? node.value : node.getAttribute(a);  // what the user typed, not the initial value
       if ((a === 'selected' || a === 'checked') && node[a] === true) v = 'true';
       if (v != null && v !== '' && v !== false) attrs.push(`${a}="${esc(String(v).slice(0, opts.maxText))}"`);
     }
     if (node.tagName === 'IMG' && node.alt && !node.title) attrs.push(`title="${esc(node.alt)}"`);
     const ownText = [...node.childNodes].some((c) => c.nodeType === Node.TEXT_NODE && c.textContent.trim());
-    const keep = id !== null || (STRUCTURAL.has(node.tagName) && (inner.length || attrs.length || node.tagName === 'HTML' || node.tagName === 'BODY')) ||
+    const isRoot = node.tagName === 'HTML' || node.tagName === 'BODY';
+    const keep = id !== null || (STRUCTURAL.has(node.tagName) && (inner.length || attrs.length || isRoot)) ||
                  (ownText && attrs.length);
     if (id !== null) {
-      elements[id] = {index: id, tag: node.tagName.toLowerCase(), text: (node.innerText || node.value || '').trim().replace(/\s+/g, ' ').slice(0, 200),
-                      bbox: bboxOf(rect), role: node.getAttribute('role') || '',
-                      attrs: Object.fromEntries(attrs.map((s) => { const i = s.indexOf('='); return [s.slice(0, i), s.slice(i + 2, -1)]; }))};
+      const text = (node.innerText || node.value || '').trim().replace(/\s+/g, ' ').slice(0, 200);
+      const attrPairs = attrs.map((s) => { const i = s.indexOf('='); return [s.slice(0, i), s.slice(i + 2, -1)]; });
+      elements[id] = {index: id, tag: node.tagName.toLowerCase(), text, bbox: bboxOf(rect),
+                      role: node.getAttribute('role') || '', attrs: Object.fromEntries(attrPairs)};
     }
     if (!keep) return inner.join(' ');
     if (!sized && !inner.length) return '';
     const tag = node.tagName.toLowerCase();
-    const head = [tag, id !== null ? `id="${id}"` : null, ...attrs, `data-bbox="${bboxOf(rect).join(',')}"`].filter(Boolean).join(' ');
+    const idAttr = id !== null ? `id="${id}"` : null;
+    const head = [tag, idAttr, ...attrs, `data-bbox="${bboxOf(rect).join(',')}"`].filter(Boolean).join(' ');
     return `<${head}> ${inner.join(' ')} </${tag}>`;
   };
   const html = emit(document.documentElement);

@@ -38,7 +38,8 @@
                                 items.some((y) => y.element === x.element.parentNode)));
   items = items.filter((x) => !items.some((y) => x.element.contains(y.element) && !(x == y)));
 
-  const randomColor = () => '#' + Array.from({length: 6}, () => '0123456789ABCDEF'[Math.floor(Math.random() * 16)]).join('');
+  const hex = () => '0123456789ABCDEF'[Math.floor(Math.random() * 16)];
+  const randomColor = () => '#' + Array.from({length: 6}, hex).join('');
   const marks = [];
   if (opts.draw) {
     items.forEach((item, index) => {
