@@ -49,19 +49,25 @@ def final_answer(trajectory: Trajectory) -> str:
 
 
 def final_url(trajectory: Trajectory) -> str:
-  """The page the episode ended on: `meta["final_url"]` if the collector set it, else the last step's URL."""
+  """The page the episode ended on: `meta["final_url"]`, the final observation's URL, the URL the last step's
+  env info reports after acting (`next_url` / `url`), or else the URL the last step acted on."""
   if trajectory.meta.get("final_url"):
     return trajectory.meta["final_url"]
+  final_obs = getattr(trajectory, "final_observation", None)
+  if final_obs is not None and final_obs.url:
+    return final_obs.url
   for step in reversed(trajectory.steps):
-    if step.info.get("next_url"):
-      return step.info["next_url"]
+    for key in ("next_url", "url"):
+      if step.info.get(key):
+        return step.info[key]
     if step.url:
       return step.url
   return ""
 
 
 def state_url(task: Task, trajectory: Trajectory) -> str:
-  for meta in (trajectory.meta, trajectory.task.meta if trajectory.task else {}, task.meta):
+  infos = [s.info for s in reversed(trajectory.steps)]
+  for meta in [trajectory.meta, trajectory.task.meta if trajectory.task else {}, task.meta] + infos:
     if meta.get("state_url"):
       return meta["state_url"]
   for url in [trajectory.meta.get("final_url", "")] + [s.url for s in reversed(trajectory.steps)]:

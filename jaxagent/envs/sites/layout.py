@@ -27,7 +27,8 @@ display:flex;flex-wrap:wrap;gap:14px}main{padding:16px;max-width:1100px;margin:0
 aside{width:190px;flex:none;background:#fff;border:1px solid #dde;border-radius:6px;padding:10px}
 aside h3{margin:8px 0 4px;font-size:14px}aside ul{list-style:none;margin:0;padding:0}aside li{margin:2px 0}
 .content{flex:1;min-width:0}.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(200px,1fr));gap:12px}
-.card{background:#fff;border:1px solid #dde;border-radius:6px;padding:10px}.card .name{font-weight:600}
+.card{background:#fff;border:1px solid #dde;border-radius:6px;padding:10px}.card .name{font-weight:600;display:block}
+td>a{display:inline-block}
 .price{color:#b3261e;font-weight:700}.muted{color:#667}.chips a,.chips span{display:inline-block;padding:3px 10px;
 margin:2px;border:1px solid #99a;border-radius:14px}.chips .on{background:#1f2a44;color:#fff;border-color:#1f2a44}
 table{border-collapse:collapse;background:#fff;width:100%}th,td{border:1px solid #dde;padding:6px 8px;text-align:left}

@@ -1,0 +1,242 @@
+"""The scripted expert: executes a task's oracle through the real browser, in any agent format.
+
+`ScriptedExpert(format_name)` is a `Policy`: given observations from a `SiteEnv(oracle_targets=True)` it emits
+the exact text the original model of that format would emit for the oracle's next step: WebVoyager /
+OpenWebVoyager replies with element ids from the set-of-marks or the accessibility tree, WebRL `do(...)` calls
+with simplified-HTML ids, AutoUI decisions with normalised touch points. The oracle's selector is resolved to a
+viewport box by the env (privileged, in `obs.extra`); the box is matched to the observer's elements by overlap
+(the element text is the fallback). Off-screen or covered targets are scrolled to first.
+
+`NoisyExpert` adds ε-random actions and early stops, so behaviour data has the mixed success offline RL needs;
+its success rate falls with `epsilon` and `stop_prob` (measured rates in README.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Sequence
+
+from jaxagent import agents
+from jaxagent.types import Action, ActionKind, Element, Observation, Step
+
+# The observation each format's element ids refer to (BrowserEnv's `observation` argument).
+FORMAT_OBSERVATION = {"webvoyager": "som", "webvoyager_text": "a11y", "webvoyager_actree_image": "a11y",
+                      "openwebvoyager": "a11y", "webrl": "html", "autoui": "som"}
+DONE_TEXT = "Done."
+
+
+def _iou(a: Sequence[float], b: Sequence[float]) -> float:
+  ax, ay, aw, ah = a
+  bx, by, bw, bh = b
+  w = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
+  h = max(0.0, min(ay + ah, by + bh) - max(ay, by))
+  inter = w * h
+  union = aw * ah + bw * bh - inter
+  return inter / union if union > 0 else 0.0
+
+
+def _inside(point: tuple[float, float], bbox: Sequence[float]) -> bool:
+  x, y, w, h = bbox
+  return x <= point[0] <= x + w and y <= point[1] <= y + h
+
+
+def match_element(elements: Sequence[Element], bbox: Sequence[float], text: str = "") -> Element | None:
+  """The observed element that is the target: largest overlap among those centred in the target's box, else
+  largest overlap above 0.3, else an element whose text is the step's text."""
+  centred = [e for e in elements if _inside(e.center, bbox) and e.bbox[2] > 0 and e.bbox[3] > 0]
+  if centred:
+    return max(centred, key=lambda e: _iou(e.bbox, bbox))
+  best = max(elements, key=lambda e: _iou(e.bbox, bbox), default=None)
+  if best is not None and _iou(best.bbox, bbox) > 0.3:
+    return best
+  if text:
+    for e in elements:
+      if e.text.strip().lower() == text.strip().lower():
+        return e
+  return None
+
+
+@dataclasses.dataclass
+class _Progress:
+  step: int = 0  # index into the oracle
+  phase: int = 0  # sub-action within a step (AutoUI: tap, type, enter)
+  last: tuple[int, int] | None = None  # the oracle position the last emitted action executed
+  backs: int = 0  # consecutive recovery actions
+
+
+class ScriptedExpert:
+  """A `Policy` that follows the oracle in `obs.extra` (from `SiteEnv(oracle_targets=True)`)."""
+
+  def __init__(self, format_name: str, max_recoveries: int = 3, **format_kwargs: Any):
+    if format_name not in FORMAT_OBSERVATION:
+      raise ValueError(f"format_name={format_name!r}: the expert speaks {sorted(FORMAT_OBSERVATION)}")
+    self.format_name = format_name
+    self.observation = FORMAT_OBSERVATION[format_name]
+    self.fmt = agents.get_format(format_name, **format_kwargs)
+    self.max_recoveries = max_recoveries
+    self._progress: dict[str, _Progress] = {}
+
+  # --------------------------------------------------------------------------------------------- policy
+
+  def act(self, observations: Sequence[Observation], histories: Sequence[list[Step]]) -> list[str]:
+    return [self.act_one(obs, hist, k) for k, (obs, hist) in enumerate(zip(observations, histories))]
+
+  def act_one(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> str:
+    action, thought = self.next_action(obs, history, slot)
+    return self.fmt.render(action, thought)
+
+  def next_action(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> tuple[Action, str]:
+    if "oracle" not in obs.extra:
+      raise ValueError("the scripted expert needs SiteEnv(oracle_targets=True) observations (obs.extra['oracle'])")
+    key = obs.extra.get("session") or f"slot{slot}"
+    if not history or key not in self._progress:
+      self._progress[key] = _Progress()
+    prog = self._progress[key]
+    if obs.error and prog.last is not None:  # the last oracle action failed: do it again
+      prog.step, prog.phase = prog.last
+    prog.last = None
+    oracle, targets = obs.extra["oracle"], obs.extra.get("oracle_targets", {})
+    while prog.step < len(oracle):
+      step = oracle[prog.step]
+      op = step["op"]
+      if op in ("answer", "stop"):
+        prog.last = (prog.step, 0)
+        return self._finish(step.get("text", DONE_TEXT) if op == "answer" else DONE_TEXT)
+      target = targets.get(step["selector"])
+      if target is None and step.get("optional"):
+        prog.step, prog.phase = prog.step + 1, 0
+        continue
+      if target is None:
+        return self._recover(prog, f"I cannot find {step.get('text') or step['selector']} here; going back.")
+      scroll = self._scroll_needed(obs, target)
+      if scroll:
+        return self._scroll(obs, scroll), f"The target is not visible; scrolling {scroll}."
+      action = self._action(obs, step, target, prog.phase)
+      if action is None:
+        return self._recover(prog, f"I cannot locate {step.get('text') or step['selector']} on the page.")
+      prog.last, prog.backs = (prog.step, prog.phase), 0
+      if self.format_name == "autoui" and op == "type" and prog.phase < (2 if step.get("enter") else 1):
+        prog.phase += 1
+      else:
+        prog.step, prog.phase = prog.step + 1, 0
+      return action, self._thought(step)
+    return self._finish(DONE_TEXT)
+
+  # ------------------------------------------------------------------------------------------- helpers
+
+  def _finish(self, text: str) -> tuple[Action, str]:
+    return Action(ActionKind.ANSWER, text=text if self.format_name != "autoui" else ""), "The task is complete."
+
+  def _recover(self, prog: _Progress, thought: str) -> tuple[Action, str]:
+    prog.backs += 1
+    if prog.backs > self.max_recoveries:
+      return self._finish("I could not complete the task.")
+    return Action(ActionKind.BACK), thought
+
+  @staticmethod
+  def _thought(step: dict[str, Any]) -> str:
+    what = step.get("text") or step["selector"]
+    if step["op"] == "type":
+      return f"I will type \"{step['text']}\" into the field."
+    return f"I will click \"{what}\"."
+
+  def _scroll_needed(self, obs: Observation, target: dict[str, Any]) -> str:
+    if self.observation == "html":  # WebRL's ids cover the whole page; a click scrolls its element into view
+      return ""
+    _, height = obs.viewport
+    x, y, w, h = target["bbox"]
+    scroll_y, max_scroll_y = obs.extra.get("scroll", (0, 0))
+    if y + h > height or target.get("covered"):  # not wholly on screen (the a11y tree keeps 80%+ visible nodes)
+      return "down" if scroll_y < max_scroll_y else ""
+    if y < 0:
+      return "up"
+    return ""
+
+  def _scroll(self, obs: Observation, direction: str) -> Action:
+    if self.format_name == "autoui":  # a finger swipe against the scroll direction
+      y0, y1 = (0.75, 0.25) if direction == "down" else (0.25, 0.75)
+      return Action(ActionKind.SWIPE, x=0.5, y=y0, x2=0.5, y2=y1, normalized=True)
+    return Action(ActionKind.SCROLL, direction=direction)
+
+  def _action(self, obs: Observation, step: dict[str, Any], target: dict[str, Any], phase: int) -> Action | None:
+    op = step["op"]
+    if self.format_name == "autoui":
+      if op == "type" and phase == 1:
+        return Action(ActionKind.TYPE, text=step["text"])
+      if op == "type" and phase == 2:
+        return Action(ActionKind.KEY, key="Enter")
+      width, height = obs.viewport
+      x, y, w, h = target["bbox"]
+      return Action(ActionKind.CLICK, x=round((x + w / 2) / width, 4), y=round((y + h / 2) / height, 4),
+                    normalized=True)
+    element = match_element(obs.elements, target["bbox"], step.get("text", "") if op == "click" else "")
+    if element is None:
+      return None
+    if op == "click":
+      return Action(ActionKind.CLICK, element=element.index)
+    return Action(ActionKind.TYPE, element=element.index, text=step["text"], enter=bool(step.get("enter")))
+
+
+class NoisyExpert(ScriptedExpert):
+  """The expert with ε-random actions (a random element, scroll or back) and early stops with a wrong answer."""
+
+  def __init__(self, format_name: str, epsilon: float = 0.2, stop_prob: float = 0.05, seed: int = 0,
+               **kwargs: Any):
+    super().__init__(format_name, **kwargs)
+    if not (0 <= epsilon <= 1 and 0 <= stop_prob <= 1):
+      raise ValueError(f"epsilon={epsilon} and stop_prob={stop_prob} must lie in [0, 1]")
+    self.epsilon, self.stop_prob = epsilon, stop_prob
+    self.rng = random.Random(seed)
+
+  def next_action(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> tuple[Action, str]:
+    if history and self.rng.random() < self.stop_prob:
+      return Action(ActionKind.ANSWER, text="I am not sure." if self.format_name != "autoui" else ""), \
+          "I will stop here."
+    if self.rng.random() < self.epsilon:
+      key = obs.extra.get("session") or f"slot{slot}"
+      if not history or key not in self._progress:
+        self._progress[key] = _Progress()
+      self._progress[key].last = None
+      return self._random_action(obs), "Let me try something else."
+    return super().next_action(obs, history, slot)
+
+  def _random_action(self, obs: Observation) -> Action:
+    r = self.rng.random()
+    if r < 0.2:
+      return self._scroll(obs, self.rng.choice(("down", "up")))
+    if r < 0.3:
+      return Action(ActionKind.BACK)
+    if self.format_name == "autoui":
+      return Action(ActionKind.CLICK, x=round(self.rng.random(), 4), y=round(self.rng.random(), 4), normalized=True)
+    if not obs.elements:
+      return self._scroll(obs, "down")
+    return Action(ActionKind.CLICK, element=self.rng.choice(obs.elements).index)
+
+
+def run_episode(env, policy, task, max_steps: int | None = None):
+  """One episode of `policy` (texts, parsed by its format) in `env`; returns the `Trajectory`.
+
+  A plain in-process loop for tests and measurements; training collects through `jaxagent.rl.collector`.
+  """
+  from jaxagent.types import Trajectory  # noqa: PLC0415
+
+  fmt = policy.fmt
+  obs = env.reset(task)
+  traj = Trajectory(task=task, policy=type(policy).__name__)
+  for k in range(max_steps or task.max_steps):
+    text = policy.act([obs], [traj.steps])[0]
+    action = fmt.parse(text)
+    url = obs.url
+    obs, reward, done, info = env.step(action)
+    traj.steps.append(Step(step=k, action_text=text, action=action, reward=reward, done=done, url=url,
+                           info={"next_url": obs.url, "error": info.get("error", "")}))
+    if action.kind == ActionKind.ANSWER:
+      traj.answer = action.text
+    if done:
+      break
+  else:
+    traj.status = "truncated"
+  traj.meta["final_url"] = obs.url
+  traj.meta.update({k: v for k, v in obs.extra.items() if k in ("session", "state_url")})
+  return traj
