@@ -16,7 +16,8 @@ Behaviour worth knowing:
 - Dialogs (alert / confirm / prompt) are accepted.
 - An element index refers to the numbering of the env's observer (`observation="som"|"a11y"|"html"`) at the
   last observation; it resolves to its bbox centre (for `html`, the live `[data-label-id=N]` box, as WebRL).
-- A failing action never raises: `Observation.error` gets WebVoyager's `fail_obs` text (`FAIL_OBS`).
+- A failing action never raises: `Observation.error` gets WebVoyager's `fail_obs` text (`FAIL_OBS`). Typing
+  into something that is not a text box still types, and `obs.extra["warning"]` carries WebVoyager's `warn_obs`.
   `step` raises `BrowserCrashed` when the browser process died; the next `reset` relaunches it.
 - Coordinates: `normalized` points (AitW's touch points) are fractions of the screen the screenshot shows;
   unnormalised ones and element boxes are CSS px of the layout viewport (what `getBoundingClientRect` gives).
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 # WebVoyager / OpenWebVoyager's text for an action that could not be executed (§2.2).
 FAIL_OBS = ("The action you have chosen cannot be executed. Please double-check if you have selected the correct "
             "element or used correct action format. Then provide the revised Thought and Action.\n")
+# WebVoyager's `warn_obs` when typing into something that is not a text box (run.py:exec_action_type).
+TYPE_WARNING = ("note: The web element you're trying to type may not be a textbox, and its tag name is <{tag}>, "
+                "type is {type}.")
+_TEXT_INPUT_TYPES = ("text", "search", "password", "email", "tel")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
@@ -199,6 +204,7 @@ class BrowserEnv:
     self._pending_downloads: list[Any] = []
     self._downloads: list[str] = []
     self._steps = 0
+    self._warning = ""
     self._done = True
     self._last_obs: Observation | None = None
 
@@ -312,6 +318,7 @@ class BrowserEnv:
       raise BrowserCrashed(f"Chromium (pid {self._browser_pid}) is gone; reset() relaunches it")
     self._steps += 1
     self._blocked.clear()
+    self._warning = ""
     error, detail, answer = "", "", None
     try:
       if action.kind == ActionKind.INVALID:
@@ -339,9 +346,12 @@ class BrowserEnv:
       raise
     error = error or self._blocked_message()
     obs.error = error
+    if self._warning:
+      obs.extra["warning"] = self._warning
     self._done = done or truncated
     info = {"url": obs.url, "error": error, "error_detail": detail, "answer": answer, "steps": self._steps,
-            "truncated": truncated, "downloads": list(self._downloads), "blocked": list(self._blocked), **extra}
+            "truncated": truncated, "downloads": list(self._downloads), "blocked": list(self._blocked),
+            "warning": self._warning, **extra}
     return obs, reward, self._done, info
 
   # ----------------------------------------------------------------------- hooks for subclasses (MiniWoB)
@@ -599,6 +609,11 @@ class BrowserEnv:
     elif kind == ActionKind.TYPE:
       point = self._point(action, required=False)
       if point is not None:
+        tag, typ = page.evaluate(
+            "([x, y]) => { const el = document.elementFromPoint(x, y);"
+            " return el ? [el.tagName.toLowerCase(), el.getAttribute('type')] : ['', null]; }", list(point))
+        if tag not in ("input", "textarea") or (tag == "input" and typ not in _TEXT_INPUT_TYPES):
+          self._warning = TYPE_WARNING.format(tag=tag, type=typ)
         self._tap_or_click(*point)
         page.keyboard.press("Control+A")
         page.keyboard.press("Backspace")

@@ -122,6 +122,13 @@ def test_type_clears_types_and_presses_enter(env, site):
   assert _status(env) == "searched blue shoes"
 
 
+def test_typing_into_a_non_textbox_warns_like_webvoyager(env, site):
+  obs = env.reset(_task(site))
+  obs, _, _, info = env.step(Action(ActionKind.TYPE, element=_index(obs, "Alpha"), text="x"))
+  assert obs.error == "" and info["warning"] == obs.extra["warning"] == (
+      "note: The web element you're trying to type may not be a textbox, and its tag name is <button>, type is None.")
+
+
 def test_select_option_by_text(env, site):
   obs = env.reset(_task(site))
   sel = next(e.index for e in obs.elements if e.tag == "select")
