@@ -60,6 +60,9 @@ def _is_point_action(action: Action) -> bool:
 def decision(action: Action) -> str:
   """The decision string the AutoUI model emits for `action` (TASK_IMPOSSIBLE kept as itself)."""
   if _is_point_action(action):
+    if not action.normalized:
+      raise ValueError(f"AutoUI touch points are normalised to [0, 1]; got pixel coordinates {action.to_json()} "
+                       "(divide by the screen size and set normalized=True)")
     return _decision("DUAL_POINT", _points(action))
   if action.kind == ActionKind.TYPE:
     return _decision("TYPE", typed_text=action.text)
@@ -77,10 +80,9 @@ def to_autoui(action: Action | None) -> str:
     return ""
   if action.kind == ActionKind.IMPOSSIBLE:
     return _decision("STATUS_TASK_COMPLETE")
-  try:
-    return decision(action)
-  except ValueError:
-    return ""
+  expressible = (_is_point_action(action) or action.kind == ActionKind.TYPE or _is_enter(action)
+                 or action.kind in _KIND_TO_TYPE)
+  return decision(action) if expressible else ""
 
 
 def autoui_prepare_prompt(task: str, history: Sequence[Action | None]) -> str:

@@ -182,6 +182,7 @@ class LLMJudge:
     if self.config.protocol not in ("webvoyager", "digirl"):
       raise ValueError(f"LLM judge protocol {self.config.protocol!r} is unknown; use 'webvoyager' or 'digirl'")
     self._client = client
+    self._had_key = True
     self._client_lock = threading.Lock()
     self._stats_lock = threading.Lock()
     self.stats = JudgeStats()
@@ -194,6 +195,7 @@ class LLMJudge:
         import openai  # pylint: disable=g-import-not-at-top
 
         key = secrets.load_api_key(self.config.api_key_env, self.config.api_key_file)
+        self._had_key = key is not None
         base_url = self.config.base_url or os.environ.get("OPENAI_BASE_URL") or None
         self._client = openai.OpenAI(api_key=key or "EMPTY", base_url=base_url, timeout=self.config.timeout_s,
                                      max_retries=0)  # retries are ours, so they show in the stats
@@ -263,7 +265,9 @@ class LLMJudge:
         cause, retryable, detail = _classify(e)
         if not retryable:
           self._count("failures", cause)
-          raise JudgeUnavailable(secrets.redact(f"{cause}: {e}")) from None
+          hint = "" if self._had_key or cause != "http_401" else (
+              f" (no API key was found: set ${self.config.api_key_env} or the judge config's api_key_file)")
+          raise JudgeUnavailable(secrets.redact(f"{cause}: {e}{hint}")) from None
         continue
       usage = getattr(resp, "usage", None)
       prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

@@ -88,6 +88,8 @@ def test_render_and_digiq_validity():
   assert not autoui.is_action_valid(s.replace('"[-1.0, -1.0]"', '"[-1.0, oops]"'))  # points not literals
   with pytest.raises(ValueError, match="cannot render action kind 'noop'"):
     fmt.render(Action(ActionKind.NOOP))
+  with pytest.raises(ValueError, match="normalised to"):
+    fmt.render(Action(ActionKind.CLICK, x=300, y=500))
 
 
 def test_actionable_prompts_and_label():

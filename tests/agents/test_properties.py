@@ -22,7 +22,9 @@ _AUTOUI = r"(Failed to translate action: .*, terminating the environment$|^Actio
 ERRORS = {"webvoyager": _WV, "webvoyager_text": _WV, "webvoyager_actree_image": _OWV, "openwebvoyager": _OWV,
           "webrl": _WEBRL, "webrl_extended": _WEBRL, "autoui": _AUTOUI, "autoui_faithful": _AUTOUI}
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized so CI is reproducible; 1500 random examples per test passed when this was written.
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 # Near misses: fragments of every grammar, glued together with noise.
 _FRAGMENTS = ["Thought:", "Action:", "Observation:", "Click [", "Click ", "Type [", "]; ", "Scroll [WINDOW]; ",

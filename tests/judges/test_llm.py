@@ -144,9 +144,17 @@ def test_key_never_leaks(tmp_path):
   assert secrets.REDACTED in v.reason and KEY not in v.reason
   assert judge.stats.api_calls == 1 and judge.stats.failures == {"http_401": 1}  # 4xx: no retries
   assert KEY not in json.dumps(judge.stats.as_dict()) and KEY not in repr(judge.config)
-  for root, _, files in os.walk(tmp_path):
+  for root, _, files in os.walk(tmp_path):  # screenshots, and the (empty) cache: nothing holds the key
     for name in files:
-      assert KEY.encode() not in (os.path.join(root, name) and open(os.path.join(root, name), "rb").read())
+      with open(os.path.join(root, name), "rb") as f:
+        assert KEY.encode() not in f.read(), name
+
+
+def test_missing_key_is_named_in_the_reason(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAXAGENT_TEST_KEY")
+  with Peer(PeerState(auth_echo=True)) as peer:
+    v = LLMJudge(_config(peer, tmp_path)).evaluate(*_webvoyager_traj(0, "correct", tmp_path))
+  assert v.success is None and "no API key was found: set $JAXAGENT_TEST_KEY" in v.reason
 
 
 def test_redact_and_key_file(tmp_path, monkeypatch):
