@@ -84,12 +84,30 @@ def marked_pids(prefix: str) -> list[int]:
   return out
 
 
+def _session_of(pid: int) -> int | None:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def _same_session(sessions: set[int]) -> list[int]:
+  """Processes in one of `sessions`: Chromium's zygotes and renderers drop the marker but keep the session
+  Playwright started the browser in."""
+  return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _session_of(int(e.name)) in sessions]
+
+
 def _kill_marked(prefix: str, rounds: int = 5) -> None:
-  """SIGKILLs marked processes until none is left (a dying browser may still be forking renderers)."""
+  """SIGKILLs marked processes and their sessions until none is left (a dying browser may still fork)."""
+  own = {os.getsid(0)}
   for _ in range(rounds):
     pids = marked_pids(prefix)
     if not pids:
       return
+    sessions = {s for s in map(_session_of, pids) if s is not None} - own
+    pids = set(pids) | set(_same_session(sessions))
+    pids.discard(os.getpid())
     for pid in pids:
       try:
         os.kill(pid, signal.SIGKILL)

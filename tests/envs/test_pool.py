@@ -1,23 +1,29 @@
 """EnvPool: parallel stepping, restart of crashed / hung / dead workers, retries, and clean shutdown.
 
 The bookkeeping tests run a small deterministic env defined here (`ScriptedEnv`), which like a browser starts
-a helper process in a session of its own, so the orphan checks are real. The fault test with real Chromium on
-MiniWoB++ lives in `test_pool_miniwob.py`.
+a helper process in a session of its own, so the orphan checks are real. The fault test at the end runs real
+Chromium on MiniWoB++ while a thread SIGKILLs the workers' browsers.
 """
 
 import os
 import pathlib
+import random
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
 from jaxagent import types
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.envs import miniwob
 from jaxagent.envs import pool as pool_lib
 from jaxagent.envs import registry
+from jaxagent.rl import collector
 
 
 class ScriptedEnv:
@@ -185,3 +191,115 @@ def test_parent_exit_leaves_no_process_behind(ending, sig):
   while pool_lib.marked_pids(marker) and time.monotonic() < deadline:
     time.sleep(0.1)
   assert not pool_lib.marked_pids(marker)
+
+
+# ------------------------------------------------------------------ fault test: real Chromium on MiniWoB++
+
+FAULT_EPISODES = int(os.environ.get("JAXAGENT_FAULT_EPISODES", "40"))  # the full 100: set it to 100
+
+
+def _cmdline(pid):
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().split(b"\0")
+  except OSError:
+    return []
+
+
+def _chromium_browsers(marker):
+  """The main Chromium process (not renderers / zygotes / utilities) of each worker of a pool."""
+  return [pid for pid in pool_lib.marked_pids(marker)
+          if (args := _cmdline(pid)) and os.path.basename(args[0]) in (b"chromium", b"chrome", b"headless_shell")
+          and not any(a.startswith(b"--type=") for a in args)]
+
+
+def _descendants(root):
+  children = {}
+  for entry in os.scandir("/proc"):
+    if entry.name.isdigit():
+      try:
+        with open(f"/proc/{entry.name}/stat") as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      children.setdefault(ppid, []).append(int(entry.name))
+  out, todo = [], [root]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      out.append(child)
+      todo.append(child)
+  return out
+
+
+def _headline(failure):
+  """The exception line (or the pool's own verdict) of a failure report."""
+  lines = failure.splitlines()
+  return next((line[:120] for line in lines if re.match(r"\S+(Error|Crashed|Exception)\b", line)
+               or "hung" in line or "died" in line), lines[0][:120])
+
+
+class ClickTheNamedThing:
+  """Clicks the element whose text the utterance quotes (MiniWoB click-button / click-link)."""
+
+  def act(self, observations, histories):
+    outs = []
+    for obs in observations:
+      m = re.search(r'"([^"]*)"', obs.intent)
+      hits = [e.index for e in obs.elements if m and e.text.strip() == m.group(1)]
+      outs.append(f"click {hits[0]}" if hits else "no target")
+    return outs
+
+
+def _parse_click(text):
+  m = re.fullmatch(r"click (\d+)", text)
+  return types.Action(types.ActionKind.CLICK, element=int(m.group(1))) if m else types.Action.invalid(text)
+
+
+@pytest.mark.browser
+def test_fault_chromium_sigkilled_during_miniwob_rollouts(tmp_path):
+
+  names = ["click-button", "click-link"]
+  tasks = [miniwob.make_task(names[i % 2], seed=i, max_steps=3) for i in range(FAULT_EPISODES)]
+  store = TrajectoryStore(tmp_path)
+  kills, stop = [], threading.Event()
+  with pool_lib.EnvPool({"kind": "miniwob"}, num_workers=4, step_timeout=8, reset_timeout=30,
+                        max_retries=2) as pool:
+
+    def killer():
+      """SIGKILLs a random worker's Chromium every 1.5-3 s (one SIGSTOP: a hang) until at least 4 kills were
+      made and 2 of them hit an episode in flight (a kill between episodes is absorbed by the env's relaunch)."""
+      rng = random.Random(0)
+      while (len(kills) < 4 or pool.restarts < 2) and len(kills) < 15 and not stop.wait(rng.uniform(1.5, 3.0)):
+        browsers = _chromium_browsers(pool.marker)
+        if browsers:
+          victim = rng.choice(browsers)
+          os.kill(victim, signal.SIGSTOP if len(kills) == 2 else signal.SIGKILL)
+          kills.append(victim)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+      trajs = collector.collect(pool, ClickTheNamedThing(), _parse_click, tasks, store=store, progress=False)
+    finally:
+      stop.set()
+      thread.join()
+    restarts, failures = pool.restarts, list(pool.failures)
+  print(f"fault test: {len(trajs)} episodes, {len(kills)} Chromium kills, {restarts} worker restarts, "
+        f"{sum(t.attempts > 1 for t in trajs)} retried, {sum(t.status == 'errored' for t in trajs)} errored, "
+        f"{sum(t.trajectory_reward > 0 for t in trajs)} rewarded; failures: "
+        f"{[_headline(f) for f in failures]}")
+  assert len(kills) >= 4, f"the killer found Chromium only {len(kills)} times"
+  assert [t.task.id for t in trajs] == [t.id for t in tasks], "an episode was lost or duplicated"
+  assert sorted(t.task.id for t in store) == sorted(t.id for t in tasks), "the store misses an episode"
+  for t in trajs:
+    assert t.status in ("completed", "errored"), (t.task.id, t.status, t.error)
+    if t.status == "errored":
+      assert t.attempts == 3 and len(t.meta["errors"]) == 3
+    assert len(t.meta["errors"]) == t.attempts - 1 or t.status == "errored"
+  assert restarts >= 2 and any(t.attempts > 1 for t in trajs), (
+      f"no kill landed inside an episode: kills={kills} failures={failures}")
+  completed = [t for t in trajs if t.status == "completed"]
+  assert sum(t.trajectory_reward > 0 for t in completed) >= 0.9 * len(completed)
+  assert not pool_lib.marked_pids(pool.marker), "a worker or Chromium process outlived the pool"
+  orphans = [p for p in _descendants(os.getpid()) if b"chrom" in b"".join(_cmdline(p)[:1])]
+  assert not orphans, f"Chromium processes left under the test process: {orphans}"
