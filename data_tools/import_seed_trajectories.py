@@ -5,7 +5,7 @@
 
 A seed file is `torch.save(list[list[dict]])` (`reference/algorithms.md` §4.9, §5.6). Each step dict becomes a
 `jaxagent.types.Step`:
-  observation → obs_text, action → action_text, reward / done / mc_return as they are, `action_list`
+  observation → obs_text, action → action_text (and `action`, parsed by `agents.autoui`), reward / done / mc_return as they are, `action_list`
   ("<split>"-joined, index 0 = dataset action) → candidates, every other JSON-able field → `Step.info`
   (next_observation, trajectory_reward, traj_id, step_id, parsed_action(_list), q_response(_list), ...).
   Arrays (image_features [1408], q_rep_out [4096], q_rep_out_list [N, 4096], ...) go to one `.npz` per
@@ -30,11 +30,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxagent import types
+from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 
 FEATURES_DIR = "features"
 _SPLIT = "<split>"
 # Fields that map onto Step attributes rather than Step.info.
+# The seeds' env turned an unsplittable action into TaskImpossible (§4.3); keep that reading of their data.
+_AUTOUI = autoui.AutoUI(faithful_task_impossible=True)
 _STEP_FIELDS = ("observation", "action", "reward", "done", "mc_return", "image_path", "next_image_path",
                 "action_list", "task")
 
@@ -133,6 +136,7 @@ def convert_trajectory(raw: list[dict[str, Any]], *, source: str, index: int, fe
     candidates = s["action_list"].split(_SPLIT) if isinstance(s.get("action_list"), str) else None
     steps.append(types.Step(
         step=int(s.get("step_id", t)), obs_text=str(s["observation"]), action_text=str(s["action"]),
+        action=_AUTOUI.parse(str(s["action"])),
         reward=float(s["reward"]), done=bool(s["done"]), mc_return=float(s.get("mc_return", 0.0)),
         image_path=cur, next_image_path=nxt, info=info, candidates=candidates,
         observation=types.Observation(intent=task.intent, step=t, screenshot=shot)))

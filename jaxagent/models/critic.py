@@ -33,7 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxagent.agents import autoui
 from jaxagent.models import layers
+from jaxagent.rl import losses
 
 # ------------------------------------------------------------------------------------------- config
 
@@ -98,20 +100,8 @@ def _out_dim(learn_metric: str) -> int:
 
 # ------------------------------------------------------------------------- text fields (host side)
 
-_ACTION_KEYS = ("action_type", "touch_point", "lift_point", "typed_text")
-_ACTION_RE = {k: re.compile(f'"{k}": "(.*?)"') for k in _ACTION_KEYS}
 _PREV_RE = re.compile(r"Previous Actions: (.*?)Goal:")
 _GOAL_RE = re.compile(r"Goal: (.*?)</s>")
-
-
-def parse_action_fields(action: str) -> dict[str, str | None]:
-  """Digi-Q's `parse_action` (critic, cursor overlay, SFT data): each `"key": "value"` pair of an AutoUI
-  action string by regex, None when absent."""
-  out = {}
-  for key, pattern in _ACTION_RE.items():
-    m = pattern.search(action)
-    out[key] = m.group(1) if m else None
-  return out
 
 
 def action_points_parse(fields: Mapping[str, str | None]) -> bool:
@@ -127,7 +117,7 @@ def action_points_parse(fields: Mapping[str, str | None]) -> bool:
 def action_type_and_text(action: str) -> tuple[str, str]:
   """(action_type, typed_text) of an AutoUI action string; the raw string for both when it does not parse
   (`VLMDoubleCritic.parse_action_string`)."""
-  fields = parse_action_fields(action)
+  fields = autoui.digiq_parse_action(action)
   if action_points_parse(fields):
     return fields["action_type"] or "", fields["typed_text"] or ""
   return action, action
@@ -281,3 +271,14 @@ class DigiQCritic(nnx.Module):
     q1, q2 = self.q_values(v_states, batch["act_type"], batch["act_text"], batch["q_rep"])
     v1, v2 = self.values(v_states)
     return q1, q2, v1, v2
+
+  @property
+  def learn_metric(self) -> str:
+    return "regression" if self.cfg.out_dim == 1 else "classification"
+
+  def scores(self, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """Per-head scalar values (q [B, (N,) 2], v [B, 2]): the raw output for regression, softmax[1] for
+    classification (§5.5) — the inputs of `losses.best_of_n_select`."""
+    q1, q2, v1, v2 = self(batch)
+    hv = lambda x: losses.head_value(x, self.learn_metric)
+    return jnp.stack([hv(q1), hv(q2)], -1), jnp.stack([hv(v1), hv(v2)], -1)

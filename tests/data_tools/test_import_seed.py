@@ -11,6 +11,7 @@ from PIL import Image
 import torch  # test-only dependency (setup.py `test` extra), used here to write files in the seeds' format
 
 from data_tools import import_seed_trajectories as imp
+from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,6 +84,7 @@ def test_import_digirl_layout_shifts_image_paths(tmp_path):
   assert [s.reward for s in t0.steps] == [0, 0, 1] and [s.done for s in t0.steps] == [False, False, True]
   np.testing.assert_allclose([s.mc_return for s in t0.steps], [0.25, 0.5, 1.0])
   assert t0.steps[1].info["next_observation"].startswith("Previous Actions: y")
+  assert all(s.action.kind == types.ActionKind.HOME for s in t0.steps)  # parsed by agents.autoui
   assert t0.steps[0].info["trajectory_reward"] == 1.0 and t0.meta["seed_format"] == "digirl"
   # redirected: step t acted on the screenshot saved by step t-1; step 0 has none in a DigiRL file
   assert t0.steps[0].info["seed_image_path"] is None
@@ -113,6 +115,7 @@ def test_import_digiq_layout_keeps_candidates_and_reps(tmp_path):
   step = traj.steps[1]
   assert step.step == 1 and step.candidates == raw[0][1]["action_list"].split("<split>")
   assert step.candidates[0] == step.action_text and len(step.candidates) == 4
+  assert step.action.kind == types.ActionKind.CLICK and (step.action.x, step.action.y) == (0.5, 0.5)
   assert step.info["q_response_list"] == ["Yes"] * 4 and step.info["parsed_action"] == {"action_type": "DUAL_POINT"}
   assert step.info["q_image_path_list"][2].endswith("_1_2.png")
   feats = imp.load_step_features(store_dir, step)

@@ -19,6 +19,12 @@ OBS1 = ('Previous Actions: "action_type": "DUAL_POINT", "touch_point": "[0.5, 0.
         '"[0.5, 0.5]", "typed_text": "" Goal: Open the settings app</s>')
 
 
+@pytest.fixture(scope="module")
+def model():
+  """One tiny regression critic shared by the tests (initialising is the slow part on a loaded CPU)."""
+  return C.DigiQCritic(C.CriticConfig.tiny(image_dim=8, rep_dim=8), rngs=nnx.Rngs(0))
+
+
 def _batch(cfg, actions, n=None, seed=0):
   rng = np.random.default_rng(seed)
   b = C.featurize([OBS0, OBS1], actions, cfg)
@@ -46,26 +52,44 @@ def test_hash_text_is_deterministic_and_padded():
   assert ((ids >= 0) & (ids < 64)).all()
 
 
-def test_critic_output_shapes_single_and_candidates():
-  cfg = C.CriticConfig.tiny(image_dim=16, rep_dim=24)
-  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
-  q1, q2, v1, v2 = model(_batch(cfg, [TAP, TYPE]))
+def test_critic_output_shapes_single_and_candidates(model):
+  cfg = model.cfg
+  forward = nnx.jit(lambda m, b: m(b))
+  q1, q2, v1, v2 = forward(model, _batch(cfg, [TAP, TYPE]))
   assert q1.shape == q2.shape == v1.shape == v2.shape == (2, 1)
   cands = [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]]
   batch = _batch(cfg, cands, n=3)
-  q1n, q2n, v1n, _ = model(batch)
+  q1n, q2n, v1n, _ = forward(model, batch)
   assert q1n.shape == q2n.shape == (2, 3, 1) and v1n.shape == (2, 1)
   # candidate k of the [B, N] call equals a single-action call with that candidate
   single = dict(batch, act_type=batch["act_type"][:, 1], act_text=batch["act_text"][:, 1],
                 q_rep=batch["q_rep"][:, 1])
-  np.testing.assert_allclose(model(single)[0], q1n[:, 1], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(model(single)[2], v1n, rtol=1e-6)  # V ignores the action
+  out = forward(model, single)
+  np.testing.assert_allclose(out[0], q1n[:, 1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out[2], v1n, rtol=1e-6)  # V ignores the action
 
 
 def test_classification_heads_have_two_outputs():
   cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, learn_metric="classification")
-  q1, _, v1, _ = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))(_batch(cfg, [TAP, TYPE]))
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  q1, q2, v1, _ = model(_batch(cfg, [TAP, TYPE]))
   assert q1.shape == (2, 2) and v1.shape == (2, 2)
+  q, v = model.scores(_batch(cfg, [TAP, TYPE]))  # softmax[1] of each head
+  np.testing.assert_allclose(q[:, 1], jax.nn.softmax(q2, -1)[:, 1], rtol=1e-6)
+  assert q.shape == (2, 2) and v.shape == (2, 2) and bool(jnp.all((q > 0) & (q < 1)))
+
+
+def test_scores_feed_best_of_n_selection(model):
+  cfg = model.cfg
+  batch = _batch(cfg, [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]], n=3)
+  q, v = model.scores(batch)
+  q1, q2, v1, v2 = model(batch)
+  assert q.shape == (2, 3, 2) and v.shape == (2, 2)
+  np.testing.assert_allclose(q[..., 0], q1[..., 0])
+  valid = jnp.array([[True, True, False], [True, True, True]])
+  idx, adv = losses.best_of_n_select(q, v, valid)
+  expected = jnp.where(valid, jnp.maximum(q1, q2)[..., 0] - jnp.maximum(v1, v2), 0.0)
+  np.testing.assert_array_equal(idx, jnp.argmax(expected, 1))
 
 
 def test_paper_widths_match_digiq():
@@ -79,10 +103,9 @@ def test_paper_widths_match_digiq():
   assert vk == [(5120, 2304), (2304, 2304), (2304, 2304), (2304, 1)]
 
 
-def test_td_loss_gradients_reach_every_parameter():
-  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
-  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
-  target = C.DigiQCritic(cfg, rngs=nnx.Rngs(1))
+def test_td_loss_gradients_reach_every_parameter(model):
+  cfg = model.cfg
+  target = nnx.clone(model)  # a target network (its outputs carry no gradient)
   batch = _batch(cfg, [TAP, TYPE])
   next_batch = dict(batch, image_features=batch["image_features"] + 1.0)
   r, done = jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0])
@@ -94,7 +117,7 @@ def test_td_loss_gradients_reach_every_parameter():
     y_q, y_v = losses.digiq_td_targets(r, done, 0.95, tq1[:, 0], tq2[:, 0], tv1[:, 0], tv2[:, 0])
     return losses.digiq_critic_loss(q1, q2, v1, v2, y_q, y_v)[0]
 
-  grads = nnx.grad(loss_fn)(model)
+  grads = nnx.jit(nnx.grad(loss_fn))(model)
   norms = {jax.tree_util.keystr(p): float(jnp.linalg.norm(g)) for p, g in jax.tree_util.tree_leaves_with_path(grads)}
   assert norms and all(np.isfinite(list(norms.values())))
   dead = [k for k, v in norms.items() if v == 0.0 and "embedding" not in k]
@@ -103,9 +126,8 @@ def test_td_loss_gradients_reach_every_parameter():
   assert norms[[k for k in norms if "task_encoder" in k and "embedding" in k][0]] > 0
 
 
-def test_params_carry_logical_axes_and_shard():
-  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
-  state = nnx.state(C.DigiQCritic(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+def test_params_carry_logical_axes_and_shard(model):
+  state = nnx.state(model, nnx.Param)
   is_var = lambda x: isinstance(x, nnx.Variable)
   for var in jax.tree.leaves(state, is_leaf=is_var):
     axes = var.get_metadata().get("logical_axes")
@@ -116,9 +138,8 @@ def test_params_carry_logical_axes_and_shard():
   assert any(len(s) for s in specs)  # something is actually split over the mesh
 
 
-def test_bad_feature_widths_name_the_field():
-  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
-  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+def test_bad_feature_widths_name_the_field(model):
+  cfg = model.cfg
   batch = _batch(cfg, [TAP, TYPE])
   with pytest.raises(ValueError, match="image_dim"):
     model(dict(batch, image_features=jnp.zeros((2, 5))))
