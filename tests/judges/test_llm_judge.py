@@ -103,6 +103,12 @@ def test_cache_makes_rejudging_free(tmp_path):
     _png(tmp_path / "wv_0_3.png", 200)
     again.evaluate(*pairs[0])
     assert again.stats.api_calls == 1 and len(peer.state.bodies) == 7
+  entries = [os.path.join(r, n) for r, _, names in os.walk(cache) for n in names]
+  assert len(entries) == 7 and not any(n.endswith(".tmp") for n in entries)
+  for path in entries:
+    with open(path, encoding="utf-8") as f:
+      entry = json.load(f)
+    assert set(entry) == {"content", "prompt_tokens", "completion_tokens", "model"} and KEY not in json.dumps(entry)
 
 
 def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):

@@ -67,3 +67,11 @@ def test_make_judge(monkeypatch):
     programmatic.make_judge({"kind": "gpt"})
   with pytest.raises(ValueError, match="protocol 'x' is unknown"):
     programmatic.make_judge({"kind": "llm", "llm": {"protocol": "x"}})
+
+
+def test_configs_come_from_ml_collections():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  cfg = ml_collections.ConfigDict({"kind": "programmatic+llm", "llm": {"model": "m", "max_attached_imgs": 15}})
+  judge = programmatic.make_judge(cfg)
+  assert judge.judges[1].config.max_attached_imgs == 15 and judge.judges[1].config.model == "m"
