@@ -1,5 +1,6 @@
 """Command line: `python -m jaxagent.envs.sites serve --port 8080` | `tasks --out DIR [--seed 0]` |
-`expert --profile web --format webvoyager [--epsilon E --stop-prob P] [--limit N] [--json PATH]`."""
+`expert --profile web --format webvoyager [--epsilon E --stop-prob P] [--limit N] [--json PATH]` |
+`demos --out DIR [--format openwebvoyager --profile web --limit 100]`."""
 
 from __future__ import annotations
 
@@ -31,7 +32,26 @@ def main(argv: list[str] | None = None) -> int:
   ex.add_argument("--stop-prob", type=float, default=0.0)
   ex.add_argument("--seed", type=int, default=0)
   ex.add_argument("--json", default="", help="write the full result here")
+  dm = sub.add_parser("demos", help="expert demonstrations into a trajectory store (+ OpenWebVoyager IL samples)")
+  dm.add_argument("--out", required=True)
+  dm.add_argument("--profile", choices=tasks.PROFILES, default="web")
+  dm.add_argument("--format", default="openwebvoyager")
+  dm.add_argument("--split", default="train")
+  dm.add_argument("--limit", type=int, default=100)
+  dm.add_argument("--workers", type=int, default=2)
+  dm.add_argument("--epsilon", type=float, default=0.0)
+  dm.add_argument("--stop-prob", type=float, default=0.0)
+  dm.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
+
+  if args.command == "demos":
+    import random  # noqa: PLC0415
+    from jaxagent.envs.sites import demos  # noqa: PLC0415
+    suite = [t for t in tasks.generate(args.seed)[args.split] if t.profile == args.profile]
+    random.Random(args.seed).shuffle(suite)
+    print(json.dumps(demos.make_demos(suite[:args.limit], args.out, args.format, args.profile, args.workers,
+                                      args.epsilon, args.stop_prob, args.seed), indent=1))
+    return 0
 
   if args.command == "expert":
     import random  # noqa: PLC0415

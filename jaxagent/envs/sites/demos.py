@@ -1,0 +1,66 @@
+"""Demonstrations: the scripted expert run through the collector, saved for imitation learning.
+
+  python -m jaxagent.envs.sites demos --out DIR --format openwebvoyager --profile web --limit 200 --workers 4
+
+writes `DIR/store/` (a `TrajectoryStore` of every episode, successes and failures, with screenshots) and, for
+OpenWebVoyager, the IL recipe's inputs: `DIR/owv_il.json` (conversation samples of the successful episodes,
+`agents.openwebvoyager.trajectory_to_samples`) and `DIR/images/<flag>--stepNN.png`. This replaces the GPT-4o
+teacher trajectories of `reference/algorithms.md` §2.3 with the oracle's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from jaxagent.agents import openwebvoyager
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.envs.pool import EnvPool
+from jaxagent.envs.sites import expert as expert_lib
+from jaxagent.judges import evaluators
+from jaxagent.rl.collector import collect
+from jaxagent.types import Task
+
+
+def _record_observation_text(traj) -> None:
+  """Keeps what the OpenWebVoyager converter reads from each step: the a11y tree and the feedback shown."""
+  for s in traj.steps:
+    if s.observation is not None:
+      s.info["a11y_tree"] = s.observation.a11y_tree
+      s.info["error"] = s.observation.error
+
+
+def make_demos(tasks: Sequence[Task], out_dir: str, format_name: str = "openwebvoyager", profile: str = "web",
+               workers: int = 2, epsilon: float = 0.0, stop_prob: float = 0.0, seed: int = 0,
+               base_url: str | None = None) -> dict[str, Any]:
+  tasks = [t for t in tasks if t.profile == profile]
+  if not tasks:
+    raise ValueError(f"no tasks of profile {profile!r} given")
+  if epsilon or stop_prob:
+    policy = expert_lib.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob, seed=seed)
+  else:
+    policy = expert_lib.ScriptedExpert(format_name)
+  spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile,
+          "observation": expert_lib.FORMAT_OBSERVATION[format_name], "oracle_targets": True}
+  if base_url:
+    spec["base_url"] = base_url
+  store = TrajectoryStore(os.path.join(out_dir, "store"))
+  with EnvPool(spec, num_workers=workers, step_timeout=120, reset_timeout=120) as pool:
+    trajs = collect(pool, policy, policy.fmt.parse, tasks, judge=evaluators.ProgrammaticJudge(), progress=False,
+                    policy_name=f"scripted_expert:{format_name}")
+  samples: list[dict[str, Any]] = []
+  for traj in trajs:
+    _record_observation_text(traj)
+    store.append(traj)
+    if format_name == "openwebvoyager" and traj.success == 1.0 and all(s.image_path for s in traj.steps):
+      flag = traj.task.id.replace("/", "_")
+      samples.extend(openwebvoyager.trajectory_to_samples(traj, flag))
+      openwebvoyager.copy_images(traj, flag, store.path, os.path.join(out_dir, "images"))
+  summary = {"episodes": len(trajs), "successes": sum(t.success == 1.0 for t in trajs),
+             "store": store.path, "samples": len(samples)}
+  if format_name == "openwebvoyager":
+    summary["il_file"] = os.path.join(out_dir, "owv_il.json")
+    with open(summary["il_file"], "w") as f:
+      json.dump(samples, f, ensure_ascii=False, indent=1)
+  return summary
