@@ -167,13 +167,14 @@ class BrowserEnv:
       (`networkidle` needs 500 ms of quiet, so it is off by default; turn it on for live sites).
     action_timeout_ms: Playwright's timeout for one action.
     wait_ms: how long a `wait` action waits.
+    a11y_keep_unnamed: roles the accessibility tree keeps without a name (default: none, as OpenWebVoyager).
     executable_path: a Chromium binary; None = Playwright's own, else Debian's.
   """
 
   def __init__(self, profile: str | profiles_lib.Profile | None = None, observation: str = "som",
                screenshot_size: tuple[int, int] | None = None, som_draw: bool = True, headless: bool = True,
                load_timeout_ms: int = 5000, idle_timeout_ms: int = 0, action_timeout_ms: int = 5000,
-               wait_ms: int = 1000, executable_path: str | None = None):
+               wait_ms: int = 1000, a11y_keep_unnamed: tuple[str, ...] = (), executable_path: str | None = None):
     if observation not in OBSERVERS:
       raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVERS}")
     self._fixed_profile = profiles_lib.get_profile(profile) if profile is not None else None
@@ -186,6 +187,7 @@ class BrowserEnv:
     self.idle_timeout_ms = idle_timeout_ms
     self.action_timeout_ms = action_timeout_ms
     self.wait_ms = wait_ms
+    self.a11y_keep_unnamed = tuple(a11y_keep_unnamed)
     self.executable_path = executable_path
     self.downloads_dir = pathlib.Path(tempfile.mkdtemp(prefix="jaxagent-downloads-"))
     self._pw = None
@@ -553,7 +555,7 @@ class BrowserEnv:
       obs.element_text = som_obs.format_element_text(records)
     else:
       if self.observation == "a11y":
-        obs.a11y_tree, obs.a11y_nodes = a11y_obs.observe(page, self._cdp_session())
+        obs.a11y_tree, obs.a11y_nodes = a11y_obs.observe(page, self._cdp_session(), self.a11y_keep_unnamed)
         obs.elements = [Element(index=i, tag=n["role"], text=n["name"], bbox=tuple(n["union_bound"]), role=n["role"])
                         for i, n in obs.a11y_nodes.items()]
       else:

@@ -8,7 +8,9 @@ wait for `WOB_TASK_READY`; reward and done are read from `WOB_RAW_REWARD_GLOBAL`
 `WOB_DONE_GLOBAL`; the utterance (`core.getUtterance()`) is the observation's intent.
 
 The viewport is the task area itself (160x210 CSS px; 375x667 for FlightWoB), so screenshots and set-of-marks
-show only the task. Observers and actions are the web profile's (`observation="som"|"a11y"|"html"`).
+show only the task (the reward panel beside it is hidden). Observers and actions are the web profile's
+(`observation="som"|"a11y"|"html"`); with "a11y", consider `a11y_keep_unnamed=("textbox",)`: MiniWoB's inputs
+have no labels, and OpenWebVoyager's tree drops unnamed nodes.
 
 Rewards: `reward="raw"` (default) gives the task's reward without MiniWoB's time discount, so success is 1.0;
 `reward="time_scaled"` gives the package's default (`WOB_REWARD_GLOBAL`). Both are in `info`.
@@ -137,6 +139,8 @@ class MiniWoBEnv(BrowserEnv):
       self._page.goto(task.start_url, wait_until="load", timeout=self.load_timeout_ms)
       self._page.wait_for_function("() => typeof core !== 'undefined' && core.cover_div !== null",
                                    timeout=self.load_timeout_ms)
+      # The reward panel beside the task is bookkeeping, not part of the task: keep it out of the HTML view.
+      self._page.add_style_tag(content="#reward-display, #click-canvas { display: none !important; }")
       self._loaded_url = task.start_url
     else:
       self._targets, self._blocked, self._downloads = {}, [], []

@@ -69,6 +69,26 @@ def test_typing_solves_enter_text(env):
   assert reward == 1.0 and done
 
 
+def test_html_view_of_login_user_with_unnamed_textboxes_in_a11y(env):
+  env.observation = "html"
+  try:
+    obs = env.reset(miniwob.make_task("login-user", seed=0))
+    assert '<input id="0" type="text"' in obs.html and '<input id="1" type="password"' in obs.html
+    assert "Last reward" not in obs.html  # the reward panel is hidden
+    env.observation, env.a11y_keep_unnamed = "a11y", ("textbox",)
+    obs = env.reset(miniwob.make_task("login-user", seed=0))
+    boxes = [i for i, n in obs.a11y_nodes.items() if n["role"] == "textbox"]
+    assert len(boxes) == 2
+    user, password = re.findall(r'"([^"]+)"', obs.intent)
+    env.step(Action(ActionKind.TYPE, element=boxes[0], text=user))
+    env.step(Action(ActionKind.TYPE, element=boxes[1], text=password))
+    login = next(i for i, n in obs.a11y_nodes.items() if n["role"] == "button" and n["name"] == "Login")
+    _, reward, done, _ = env.step(Action(ActionKind.CLICK, element=login))
+    assert reward == 1.0 and done
+  finally:
+    env.observation, env.a11y_keep_unnamed = "som", ()
+
+
 def test_seeds_reproduce_episodes(env):
   utterances = [env.reset(miniwob.make_task("enter-text", seed=s)).intent for s in (7, 8, 7)]
   assert utterances[0] == utterances[2] != utterances[1]

@@ -68,6 +68,14 @@ def test_a11y_tree_numbering_drops_and_format():
   assert list(info) == [1, 2, 3, 4]
 
 
+def test_a11y_keep_unnamed_roles_is_opt_in():
+  nodes = [_node("r", "RootWebArea", "R", ["t"], backend=1), _node("t", "textbox", "", [], backend=2)]
+  bounds = {2: [0, 0, 100, 20]}
+  assert a11y.build_tree(nodes, bounds, (1024, 768))[0] == "[1] RootWebArea 'R'"
+  assert a11y.build_tree(nodes, bounds, (1024, 768), keep_unnamed=("textbox",))[0] == (
+      "[1] RootWebArea 'R'\n\t[2] textbox ''")
+
+
 def test_a11y_viewport_ratio_threshold_is_inclusive_at_point_eight():
   assert a11y.viewport_ratio([0, 0, 100, 100], (100, 80)) == pytest.approx(0.8)
   nodes = [_node("r", "RootWebArea", "R", ["a"], backend=1), _node("a", "link", "A", [], backend=2)]

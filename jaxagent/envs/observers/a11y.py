@@ -48,8 +48,13 @@ def viewport_ratio(bound: list[float], viewport: tuple[float, float]) -> float:
 
 
 def build_tree(nodes: list[dict[str, Any]], bounds: dict[int, list[float]], viewport: tuple[float, float],
-               ratio: float = VIEWPORT_RATIO, max_nodes: int = MAX_NODES) -> tuple[str, dict[int, dict[str, Any]]]:
-  """AX nodes -> (tree text, {id: {union_bound, text, backend_id, role, name}}), ids from 1 in DFS order."""
+               ratio: float = VIEWPORT_RATIO, max_nodes: int = MAX_NODES,
+               keep_unnamed: tuple[str, ...] = ()) -> tuple[str, dict[int, dict[str, Any]]]:
+  """AX nodes -> (tree text, {id: {union_bound, text, backend_id, role, name}}), ids from 1 in DFS order.
+
+  `keep_unnamed` lists roles kept even without a name. The original drops every unnamed node, so a text box
+  with no associated label (common on MiniWoB) cannot be referred to; pass e.g. ("textbox", "combobox").
+  """
   unique, seen = [], set()
   for node in nodes:  # a few nodes repeat in CDP's answer
     if node["nodeId"] not in seen:
@@ -85,8 +90,9 @@ def build_tree(nodes: list[dict[str, Any]], bounds: dict[int, list[float]], view
   def dfs(node, depth: int, parent_name: str) -> None:
     role = node.get("role", {}).get("value", "")
     name = node.get("name", {}).get("value")
-    valid = isinstance(name, str) and bool(name.strip()) and role != "gridcell" and not (
-        name.strip() in parent_name and role in _REDUNDANT_ROLES)
+    named = isinstance(name, str) and bool(name.strip())
+    valid = (named or (role in keep_unnamed and isinstance(name, str))) and role != "gridcell" and not (
+        named and name.strip() in parent_name and role in _REDUNDANT_ROLES)
     if valid:
       props = []
       for prop in node.get("properties", []):
@@ -128,5 +134,5 @@ def clean_tree(tree: str) -> str:
   return "\n".join(lines[i] for i in kept)
 
 
-def observe(page, cdp) -> tuple[str, dict[int, dict[str, Any]]]:
-  return build_tree(*fetch(page, cdp))
+def observe(page, cdp, keep_unnamed: tuple[str, ...] = ()) -> tuple[str, dict[int, dict[str, Any]]]:
+  return build_tree(*fetch(page, cdp), keep_unnamed=keep_unnamed)
