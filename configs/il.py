@@ -32,14 +32,14 @@ def get_config(arg=None):
   # Overrides of the tiny defaults (`DecoderConfig.tiny`, `VLMConfig.tiny`); vocab_size follows the tokenizer.
   c.model.decoder = ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                                    head_dim=32, intermediate_size=256))
-  c.model.vision = ml_collections.ConfigDict()
+  c.model.vision = ml_collections.ConfigDict()  # ViTConfig overrides, e.g. depth, width
 
   c.data = ml_collections.ConfigDict()
   c.data.path = ""  # OWV JSON/JSONL; "" = synthetic conversations generated into <workdir>/data
   c.data.synthetic_episodes = 48
   c.data.tokenizer = ""  # "" = the default byte-level BPE built here; else a HF tokenizer directory
   c.data.seq_len = 384
-  c.data.image_size = 32  # pixels per side fed to the vision tower
+  c.data.image_size = 64  # pixels per side fed to the vision tower (patch 16: 16 image tokens per image)
   c.data.max_images = 3  # OWV keeps ≤3 screenshots per sample (§2.2)
   c.data.num_threads = 2
 
@@ -55,6 +55,7 @@ def get_config(arg=None):
     c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
     c.data.synthetic_episodes = 4
     c.data.seq_len = 256
+    c.data.image_size = 32
     c.train.steps = 6
     c.train.batch_size = 4
     c.train.log_every = 1

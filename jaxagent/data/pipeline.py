@@ -8,6 +8,7 @@ Batches are host numpy dicts; `train.step.put_batch` places them on the mesh.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import grain
 import jax
@@ -16,32 +17,38 @@ import numpy as np
 from jaxagent.data import conversation
 
 
-def load_image(path: str, size: int) -> np.ndarray:
-  """RGB float32 [size, size, 3] in [0, 1] (bilinear resize; the model normalises)."""
+def load_images(paths: list[str], preprocess) -> np.ndarray:
+  """Images from disk through the vision tower's preprocessing (`models.vit.ImagePreprocessing`)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  with Image.open(path) as img:
-    img = img.convert("RGB").resize((size, size), Image.BILINEAR)
-    return np.asarray(img, np.float32) / 255.0
+  images = []
+  for path in paths:
+    with Image.open(path) as img:
+      images.append(img.convert("RGB"))
+  return preprocess(images)
 
 
 @dataclasses.dataclass
 class EncodeSample:
-  """Grain map: one validated conversation → fixed-shape arrays (+ images when `image_size`)."""
+  """Grain map: one validated conversation → fixed-shape arrays (+ images when `preprocess` is set).
+
+  Images: `images` [max_images, S, S, 3] (the sample's images first, zero padding after) and `image_mask`
+  [max_images]; a VLM loss compacts them into the flat order the model merges (`recipes.il.flat_images`).
+  """
   tokenizer: object
   seq_len: int
   num_image_tokens: int = 1
-  image_size: int = 0  # 0: text only (no pixels loaded; image tokens stay as plain ids)
+  preprocess: Callable | None = None  # None: text only (no pixels loaded; image tokens stay plain ids)
+  image_size: int = 0
   max_images: int = 3
 
   def __call__(self, item: dict) -> dict:
     out, n_images = conversation.encode(item, self.tokenizer, self.seq_len, self.num_image_tokens)
-    if self.image_size:
+    if self.preprocess is not None:
       if n_images > self.max_images:
         raise conversation.ConversationError(
             f"sample {item['id']!r}: {n_images} images but data.max_images={self.max_images}; raise it")
       images = np.zeros((self.max_images, self.image_size, self.image_size, 3), np.float32)
-      for j, path in enumerate(item["images"][:n_images]):
-        images[j] = load_image(path, self.image_size)
+      images[:n_images] = load_images(item["images"][:n_images], self.preprocess)
       out["images"] = images
       out["image_mask"] = np.arange(self.max_images) < n_images
     return out

@@ -7,6 +7,7 @@ IL actor call it with their own data and workdir.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -15,6 +16,9 @@ import numpy as np
 
 from jaxagent.data import conversation, pipeline, synthetic_conversations
 from jaxagent.data.tokenizer import IMAGE_TOKEN, load_tokenizer
+from jaxagent.models.llama import DecoderConfig, init_decoder
+from jaxagent.models.vit import ImagePreprocessing
+from jaxagent.models.vlm import VLMConfig, init_vlm
 from jaxagent.train import loop, mfu
 from jaxagent.train.losses import masked_cross_entropy
 
@@ -22,13 +26,26 @@ from jaxagent.train.losses import masked_cross_entropy
 def il_loss(model, batch: dict, rng: jax.Array):
   """Assistant-token cross-entropy (§2.5) and token accuracy; `rng` unused (no dropout)."""
   del rng
-  kwargs = {"attention_mask": batch["attention_mask"]}
   if "images" in batch:
-    kwargs.update(images=batch["images"], image_mask=batch["image_mask"])
-  logits = model(batch["input_ids"], **kwargs)
+    logits = model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),
+                   attention_mask=batch["attention_mask"])
+  else:
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
   loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
   hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
   return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}
+
+
+def flat_images(images: jax.Array, image_mask: jax.Array) -> jax.Array:
+  """[B, M, S, S, 3] per-sample slots → [B*M, S, S, 3] with the real images first, in order of appearance.
+
+  The VLM writes the n-th image over the n-th image-token block of the batch (row-major) and ignores trailing
+  images (`models.vlm`); compacting inside the step keeps per-sample slots in the data, so micro-batches and
+  batch sharding split images with their samples.
+  """
+  b, m = image_mask.shape
+  order = jnp.argsort(~image_mask.reshape(b * m), stable=True)
+  return images.reshape(b * m, *images.shape[2:])[order]
 
 
 def _round_up(n: int, k: int = 64) -> int:
@@ -36,8 +53,7 @@ def _round_up(n: int, k: int = 64) -> int:
 
 
 def build_model(config, tokenizer):
-  """(model_fn, training FLOPs per token, image tokens per image) for `config.model`."""
-  from jaxagent.models.llama import DecoderConfig, init_decoder  # pylint: disable=g-import-not-at-top
+  """(model_fn, training FLOPs per token, image tokens per image, image preprocessing) for `config.model`."""
   mcfg, seq_len = config.model, config.data.seq_len
   if mcfg.hf_checkpoint:
     raise NotImplementedError(
@@ -48,7 +64,17 @@ def build_model(config, tokenizer):
       "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
   if mcfg.kind == "decoder":
-    return (lambda: init_decoder(dcfg, int(config.seed))), mfu.decoder_flops_per_token(dcfg, seq_len), 1
+    return (lambda: init_decoder(dcfg, int(config.seed))), mfu.decoder_flops_per_token(dcfg, seq_len), 1, None
+  if mcfg.kind == "vlm":
+    vcfg = VLMConfig.tiny(dcfg.vocab_size, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+                          vision={"image_size": config.data.image_size, **mcfg.vision},
+                          text=dataclasses.asdict(dcfg))
+    # Every sample carries max_images image slots (padding included), all run through the tower.
+    e_v, e_t = vcfg.vision.width, vcfg.text.hidden_size
+    per_image = mfu.vit_flops_per_image(vcfg.vision) + 6 * vcfg.num_image_tokens * (e_v * e_t + e_t * e_t)
+    flops = mfu.decoder_flops_per_token(vcfg.text, seq_len) + config.data.max_images / seq_len * per_image
+    preprocess = ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True)
+    return (lambda: init_vlm(vcfg, int(config.seed))), flops, vcfg.num_image_tokens, preprocess
   raise ValueError(f"config.model.kind={mcfg.kind!r}; use 'decoder' or 'vlm'")
 
 
@@ -86,9 +112,9 @@ def train_il(config, workdir: str, dataset: list[dict] | None = None) -> str:
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
   items = [conversation.validate(x) for x in dataset] if dataset is not None else load_items(config, workdir)
-  model_fn, flops_per_token, num_image_tokens = build_model(config, tokenizer)
-  encode = pipeline.EncodeSample(tokenizer, config.data.seq_len, num_image_tokens,
-                                 config.data.image_size if config.model.kind == "vlm" else 0,
+  model_fn, flops_per_token, num_image_tokens, preprocess = build_model(config, tokenizer)
+  encode = pipeline.EncodeSample(tokenizer, config.data.seq_len, num_image_tokens, preprocess,
+                                 preprocess.crop_size or preprocess.size if preprocess else 0,
                                  config.data.max_images)
   ds = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))
 

@@ -79,3 +79,13 @@ def decoder_flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
   lookup = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size  # the input table is not a matmul
   return transformer_flops_per_token(cfg.num_params - norms - lookup, cfg.num_layers,
                                      cfg.num_heads * cfg.head_dim, seq_len, training)
+
+
+def vit_flops_per_image(cfg, training: bool = True) -> float:
+  """Forward (+ backward) FLOPs of a `models.vit.ViTConfig` tower on one image (full, non-causal attention)."""
+  tokens = cfg.grid**2 + (1 if cfg.class_token else 0)
+  w = cfg.width
+  per_block = 4 * w * w + 2 * w * cfg.mlp_dim
+  matmul = cfg.depth * per_block + 3 * cfg.patch_size**2 * w
+  attention = cfg.depth * 2 * tokens * w  # per token: QKᵀ and AV over all `tokens` keys
+  return (3 if training else 1) * tokens * (2.0 * matmul + 2.0 * attention)
