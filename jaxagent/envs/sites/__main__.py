@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
   if args.command == "serve":
-    s = server.SiteServer(port=args.port, host=args.host, seed=args.seed)
+    s = server.SiteServer(port=args.port, host=args.host, seed=args.seed).start()
     print(f"serving the bundled sites on {s.base_url}  (try {s.base_url}/s/demo/launcher/)", flush=True)
     s.serve_forever()
     return 0

@@ -62,8 +62,15 @@ class SiteServer:
     self._sock.close()
 
   def serve_forever(self) -> None:
-    """Blocks (the `serve` command)."""
-    self._server.run(sockets=[self._sock])
+    """Starts (if need be) and blocks until interrupted (the `serve` command)."""
+    self.start()
+    try:
+      while self._thread is not None and self._thread.is_alive():
+        self._thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+      pass
+    finally:
+      self.stop()
 
   def __enter__(self) -> "SiteServer":
     return self.start()

@@ -100,3 +100,18 @@ def test_ensure_server_is_one_per_process():
   assert httpx.get(f"{url}/healthz").text.startswith("ok")
   with pytest.raises(ValueError, match="seed"):
     server.ensure_server(seed=1)
+
+
+def test_serve_command_runs_alone():
+  import re
+  import subprocess
+  import sys
+  proc = subprocess.Popen([sys.executable, "-m", "jaxagent.envs.sites", "serve", "--port", "0"],
+                          stdout=subprocess.PIPE, text=True)
+  try:
+    line = proc.stdout.readline()
+    url = re.search(r"serving the bundled sites on (http://\S+)", line).group(1)
+    assert "Shoply" in httpx.get(f"{url}/s/demo/shop/", timeout=10).text
+  finally:
+    proc.terminate()
+    proc.wait(timeout=10)
