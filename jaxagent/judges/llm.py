@@ -9,8 +9,9 @@ Protocols (`reference/algorithms.md` §1.5, §4.5):
     the number of screenshots attached (the original's behaviour).
   * `digirl` (DigiRL-agent/digirl:digirl/environment/android/evaluate.py): after every step, the task and
     the new screenshot (downscaled 4x) -> `Status: success|failure`; the first success ends the episode
-    with reward 1. Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²)
-    or matches one of the last 5 judged screens. SIMPLIFIED: the original sends 9 (general) / 11 (webshop)
+    with reward 1 (`step_rewards` gives the per-step rewards, `evaluate` the episode's verdict).
+    Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²)
+    or matches one of the first 5 judged screens (the original's cache of up to 5). SIMPLIFIED: the original sends 9 (general) / 11 (webshop)
     few-shot exemplars with their screenshots, which are not bundled here; we send the system message and
     the original's "Your Turn" block only. The image cache is per trajectory (the original shares it
     across emulators, which DigiRL issue #25 reports as a bug).
@@ -65,7 +66,6 @@ class LLMJudgeConfig:
   concurrency: int = 8
   cache_dir: str = ""  # "" -> no cache
   image_root: str = ""  # where relative Step.image_path resolve (the trajectory store)
-  digirl_task_set: str = "general"  # "general" | "webshop" (only the system message differs: none)
   usd_per_1k_prompt: float = 0.01  # WebVoyager's cost log
   usd_per_1k_completion: float = 0.03
 
@@ -323,30 +323,47 @@ class LLMJudge:
     reply = self.complete(webvoyager_messages(task.intent, answer, images, k))
     return parse_webvoyager_verdict(reply)
 
-  def _digirl(self, task: Task, trajectory: Trajectory) -> Verdict:
+  def step_rewards(self, task: Task, trajectory: Trajectory) -> list[Verdict]:
+    """DigiRL's per-step rewards: one verdict per step up to the first success (which ends the episode).
+
+    A step the judge could not be asked about is `Verdict(None, reason)`; later steps are still judged.
+    Raises ValueError naming the field when a step lacks its screenshots.
+    """
     threshold = 0.001 * 255 ** 2
     seen: list[np.ndarray] = []
     root = self._root(trajectory)
-    reasons = []
+    out: list[Verdict] = []
     for t, step in enumerate(trajectory.steps):
       if not step.image_path or not step.next_image_path:
-        return Verdict(None, f"unjudged: step {t} lacks image_path/next_image_path (DigiRL judges each new screen)")
+        raise ValueError(f"step {t} lacks Step.image_path / Step.next_image_path (DigiRL judges each new screen)")
       prev = _image_array(step.image_path, root).astype(np.float64)
       cur_u8 = _image_array(step.next_image_path, root)
       cur = cur_u8.astype(np.float64)
       if prev.shape == cur.shape and np.mean((prev - cur) ** 2) < threshold:
-        reasons.append(f"step {t}: screen unchanged")
+        out.append(Verdict(0.0, f"step {t}: screen unchanged"))
         continue
       if any(s.shape == cur.shape and np.mean((s - cur) ** 2) < threshold for s in seen):
-        reasons.append(f"step {t}: screen seen before")
+        out.append(Verdict(0.0, f"step {t}: screen seen before"))
         continue
       if len(seen) < 5:
         seen.append(cur)
-      verdict = parse_digirl_status(self.complete(digirl_messages(task.intent, _quarter(cur_u8))))
+      try:
+        verdict = parse_digirl_status(self.complete(digirl_messages(task.intent, _quarter(cur_u8))))
+      except JudgeUnavailable as e:
+        verdict = Verdict(None, f"unjudged: {e}")
+      out.append(Verdict(verdict.success, f"step {t}: {verdict.reason}"))
       if verdict.success == 1.0:
-        return Verdict(1.0, f"step {t}: {verdict.reason}")
-      reasons.append(f"step {t}: {verdict.reason}")
-    return Verdict(0.0, "; ".join(reasons) or "no steps")
+        break
+    return out
+
+  def _digirl(self, task: Task, trajectory: Trajectory) -> Verdict:
+    steps = self.step_rewards(task, trajectory)
+    reason = "; ".join(v.reason for v in steps) or "no steps"
+    if any(v.success == 1.0 for v in steps):
+      return Verdict(1.0, steps[-1].reason)
+    if any(v.success is None for v in steps):
+      return Verdict(None, reason)
+    return Verdict(0.0, reason)
 
   def evaluate_many(self, pairs: Sequence[tuple[Task, Trajectory]]) -> list[Verdict]:
     """Judge many trajectories on a bounded thread pool; the order of the result follows `pairs`."""

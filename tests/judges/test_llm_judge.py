@@ -206,6 +206,22 @@ def test_digirl_per_step_protocol(tmp_path):
     v = judge.evaluate(*_digirl_traj("do it", [10, 90, 150, 90], tmp_path))
     assert v.success == 0.0 and "step 2: screen seen before" in v.reason
     assert len(peer.state.bodies) == 3
+    # Per-step rewards for the RL loop: 0 until the first success, which ends the list.
+    rewards = judge.step_rewards(*_digirl_traj("succeed later", [10, 10, 90, 150], tmp_path))
+    assert [r.success for r in rewards] == [0.0, 1.0]
+    task, traj = _digirl_traj("x", [10, 90], tmp_path)
+    traj.steps[0].next_image_path = None
+    v = judge.evaluate(task, traj)
+    assert v.success is None and "Step.next_image_path" in v.reason
+
+
+def test_digirl_step_left_unjudged_when_the_api_fails(tmp_path):
+  with Peer(PeerState(fault_rate=1.0, faults=["429"])) as peer:
+    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl", max_retries=1))
+    rewards = judge.step_rewards(*_digirl_traj("please succeed", [10, 90, 150], tmp_path))
+    assert [r.success for r in rewards] == [None, None] and "gave up after 2 attempts" in rewards[0].reason
+    v = judge.evaluate(*_digirl_traj("please succeed", [10, 90, 150], tmp_path))
+    assert v.success is None and judge.stats.retries == {"429": 4}
 
 
 def test_unreadable_screenshot_is_unjudged(tmp_path):
