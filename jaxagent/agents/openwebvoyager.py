@@ -211,7 +211,7 @@ class OpenWebVoyager(base.AgentFormat):
   def observation_text(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> str:
     return user_turn(base.task_intent(task), filter_acc_tree(observation.a11y_tree), observation.error, not history)
 
-  def conversation(self, task, observation, history) -> list[dict[str, str]]:
+  def conversation(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> list[dict[str, str]]:
     """The `{"from", "value"}` conversation this step's prompt is made of (without the reply)."""
     turns = []
     for i, step in enumerate(history):
@@ -222,7 +222,7 @@ class OpenWebVoyager(base.AgentFormat):
     turns.append((self.observation_text(task, observation, history), ""))
     return conversations(turns, self.n_steps)[-1][:-1]
 
-  def build_prompt(self, task, observation, history) -> list[base.Message]:
+  def build_prompt(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> list[base.Message]:
     images = {i: s.image_path for i, s in enumerate(history)}
     images[len(history)] = observation.screenshot
     return _to_messages(self.conversation(task, observation, history), images)

@@ -102,3 +102,19 @@ def test_parse_and_render():
   assert f.parse("Thought: t\n\nAction: ANSWER: yes") == Action(ActionKind.ANSWER, text="yes")
   assert f.parse("no markers") == Action.invalid(P.FORMAT_ERROR)
   assert f.render(Action(ActionKind.SCROLL, element=4, direction="up"), "t") == "Thought: t\n\nAction: Scroll [4]; up"
+
+
+def test_copy_images_names_match_the_samples(golden, tmp_path):
+  task, trees, replies = _trees_and_replies(golden)
+  store = tmp_path / "store"
+  store.mkdir()
+  steps = []
+  for i, (tree, reply) in enumerate(zip(trees, replies)):
+    (store / f"img{i}.png").write_bytes(base.png_bytes(np.full((3, 3, 3), i, np.uint8)))
+    steps.append(Step(step=i, action_text=reply, image_path=f"img{i}.png", info={"a11y_tree": tree}))
+  traj = Trajectory(task=Task(id="x", intent=task, site="web", start_url=""), steps=steps)
+  names = owv.copy_images(traj, FLAG, str(store), str(tmp_path / "images"))
+  samples = owv.trajectory_to_samples(traj, FLAG)
+  assert names == [f"{FLAG}--step{t:02d}.png" for t in range(1, 5)]
+  assert {n for s in samples for n in s["images"]} == set(names)
+  assert (tmp_path / "images" / names[2]).read_bytes() == (store / "img2.png").read_bytes()
