@@ -27,8 +27,7 @@ def _require(d: dict, fields, where: str) -> None:
     raise TaskFileError(f"{where}: a task must be a JSON object, got {type(d).__name__}")
   for f in fields:
     if f not in d:
-      raise TaskFileError(f"{where}: field {f!r} is missing (a WebVoyager task needs {list(fields)})"
-                          if fields is WEBVOYAGER_FIELDS else f"{where}: field {f!r} is missing")
+      raise TaskFileError(f"{where}: field {f!r} is missing (this format needs {list(fields)})")
 
 
 def load_webvoyager(path: str, reference_answers: str | None = None, max_steps: int = 15) -> list[Task]:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 
 from jaxagent.envs.sites import catalog, phone
 from jaxagent.envs.sites.server import PLACEHOLDER
+from jaxagent.envs.sites.state import DEFAULT_SETTINGS
 from jaxagent.types import Task
 
 BUNDLED_SITES = ("shop", "forum", "settings", "launcher")
@@ -204,16 +205,11 @@ def forum_reply(w, rng, t):
 
 
 def settings_toggle(w, rng, key):
-  on = not phone_defaults()[key]
+  on = not DEFAULT_SETTINGS[key]
   label = phone.SETTING_LABELS[key]
   return (f"Turn {'on' if on else 'off'} {label} in Settings.",
           {"kind": "state_match", "checks": [{"path": f"settings.{key}", "equals": on}]},
           [click(f"#toggle-{key}", f"Turn {'on' if on else 'off'}"), STOP], "settings")
-
-
-def phone_defaults() -> dict[str, bool]:
-  from jaxagent.envs.sites.state import DEFAULT_SETTINGS  # noqa: PLC0415
-  return DEFAULT_SETTINGS
 
 
 Template = Callable[[catalog.World, random.Random, Any], tuple[str, dict, list, str]]
