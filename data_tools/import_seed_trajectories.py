@@ -1,7 +1,7 @@
 """Import the seeds' DigiRL / Digi-Q `.pt` trajectory files into a jaxagent `TrajectoryStore`.
 
     python -m data_tools.import_seed_trajectories --pt general-1008trajs.pt --store /data/digiq_seed \
-        [--images-root /data/images] [--limit 100]
+        [--images-root /data/images] [--limit 100] [--gamma 0.95]
 
 A seed file is `torch.save(list[list[dict]])` (`reference/algorithms.md` §4.9, §5.6). Each step dict becomes a
 `jaxagent.types.Step`:
@@ -32,6 +32,7 @@ import numpy as np
 from jaxagent import types
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.rl import returns
 
 FEATURES_DIR = "features"
 _SPLIT = "<split>"
@@ -105,8 +106,12 @@ def _image_paths(raw: list[dict[str, Any]]) -> list[tuple[str | None, str | None
 
 
 def convert_trajectory(raw: list[dict[str, Any]], *, source: str, index: int, features_root: str | None,
-                       images_root: str | None = None) -> types.Trajectory:
-  """One seed trajectory → `types.Trajectory`; arrays written to `features_root/<name>.npz` when given."""
+                       images_root: str | None = None, gamma: float | None = None) -> types.Trajectory:
+  """One seed trajectory → `types.Trajectory`; arrays written to `features_root/<name>.npz` when given.
+
+  `gamma` recomputes `mc_return` from the rewards (`rl.returns.mc_return`), as both trainers do at load
+  (`add_mc_return(γ)`: 0.5 for DigiRL, 0.95 for Digi-Q); None keeps the file's values.
+  """
   if not raw:
     raise ValueError(f"{source}: trajectory {index} is empty")
   paths = _image_paths(raw)
@@ -140,6 +145,9 @@ def convert_trajectory(raw: list[dict[str, Any]], *, source: str, index: int, fe
         reward=float(s["reward"]), done=bool(s["done"]), mc_return=float(s.get("mc_return", 0.0)),
         image_path=cur, next_image_path=nxt, info=info, candidates=candidates,
         observation=types.Observation(intent=task.intent, step=t, screenshot=shot)))
+  if gamma is not None:
+    for step, g in zip(steps, returns.mc_return(np.array([s.reward for s in steps], np.float32), gamma)):
+      step.mc_return = float(g)
   traj_reward = float(raw[0].get("trajectory_reward", sum(float(s["reward"]) for s in raw)))
   final_shot = _read_png(_find_image(paths[-1][1], images_root))
   traj = types.Trajectory(
@@ -172,7 +180,7 @@ def load_step_features(store_path: str, step: types.Step) -> dict[str, np.ndarra
 
 
 def import_seed_file(pt_path: str, store_path: str, *, images_root: str | None = None,
-                     limit: int | None = None) -> list[str]:
+                     limit: int | None = None, gamma: float | None = None) -> list[str]:
   """Appends the file's trajectories to the store at `store_path`; returns the new episode ids."""
   store = TrajectoryStore(store_path)
   source = os.path.abspath(pt_path)
@@ -183,7 +191,8 @@ def import_seed_file(pt_path: str, store_path: str, *, images_root: str | None =
     if i in imported or not traj:
       continue
     converted = convert_trajectory(traj, source=pt_path, index=i,
-                                   features_root=os.path.join(store_path, FEATURES_DIR), images_root=images_root)
+                                   features_root=os.path.join(store_path, FEATURES_DIR), images_root=images_root,
+                                   gamma=gamma)
     converted.meta["seed_source"] = source
     ids.append(store.append(converted))
   return ids
@@ -195,10 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--store", required=True, help="trajectory store directory (created if absent)")
   parser.add_argument("--images-root", default=None, help="where the seed's screenshots were unzipped")
   parser.add_argument("--limit", type=int, default=None, help="import only the first N trajectories")
+  parser.add_argument("--gamma", type=float, default=None,
+                      help="recompute mc_return with this discount (DigiRL 0.5, Digi-Q 0.95); default: keep the file's")
   args = parser.parse_args(argv)
   if not os.path.isfile(args.pt):
     parser.error(f"--pt {args.pt}: no such file")
-  ids = import_seed_file(args.pt, args.store, images_root=args.images_root, limit=args.limit)
+  ids = import_seed_file(args.pt, args.store, images_root=args.images_root, limit=args.limit, gamma=args.gamma)
   print(f"imported {len(ids)} trajectories from {args.pt} into {args.store}")
   return 0
 

@@ -282,3 +282,55 @@ class DigiQCritic(nnx.Module):
     q1, q2, v1, v2 = self(batch)
     hv = lambda x: losses.head_value(x, self.learn_metric)
     return jnp.stack([hv(q1), hv(q2)], -1), jnp.stack([hv(v1), hv(v2)], -1)
+
+
+# ------------------------------------------------------------------------------ losses on the critic
+
+
+def td_loss(critic: DigiQCritic, target: DigiQCritic, batch: Mapping[str, jax.Array],
+            next_state: Mapping[str, jax.Array], reward: jax.Array, done: jax.Array, gamma: float = 0.95,
+            backup: str = "dataset", key: jax.Array | None = None, mc_return: jax.Array | None = None,
+            advantage_estimation: str = "bellman") -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Digi-Q's critic loss on one batch (§5.4, `digiq/algorithms/digiq/trainer.py:critic_loss`).
+
+  bellman: Q_i(s, a) → r + (1 − done) γ V̄_i(s'),  V_i(s) → Q̄_i(s, a_b)  with the target critic `target`;
+  a_b is the dataset action (`backup="dataset"`, the code's default) or, for the paper's J_V, a π_β candidate
+  (`"sample"`, one index per batch, needs `key`) or their mean (`"mean"`); those need the candidates in
+  `batch` as `cand_type`, `cand_text` [B, N, L] and `cand_rep` [B, N, rep_dim].
+  mc: all four heads regress on G_t (or 1[G_t > 0] for classification), no target network.
+  `next_state` holds s' (goal, prev_type, prev_text, image_features). Returns (loss, per-head losses).
+  """
+  metric = critic.learn_metric
+  q1, q2, v1, v2 = critic(batch)
+  if advantage_estimation == "mc":
+    if mc_return is None:
+      raise ValueError("td_loss(advantage_estimation='mc') needs `mc_return`")
+    y = losses.digiq_mc_targets(mc_return, metric)
+    return losses.digiq_critic_loss(q1, q2, v1, v2, (y, y), (y, y), metric)
+  if advantage_estimation != "bellman":
+    raise ValueError(f"advantage_estimation={advantage_estimation!r}: use 'bellman' or 'mc'")
+  hv = lambda x: losses.head_value(x, metric)
+  t_state = target.state_features(batch)
+  if backup == "dataset":
+    tq1, tq2 = (hv(x) for x in target.q_values(t_state, batch["act_type"], batch["act_text"], batch["q_rep"]))
+  else:
+    if "cand_rep" not in batch:
+      raise ValueError(f"td_loss(backup={backup!r}) needs the candidates: batch['cand_type'], "
+                       "batch['cand_text'] [B, N, L] and batch['cand_rep'] [B, N, rep_dim]")
+    cq1, cq2 = target.q_values(t_state, batch["cand_type"], batch["cand_text"], batch["cand_rep"])
+    tq1, tq2 = (losses.digiq_backup_qbar(hv(x), backup, key) for x in (cq1, cq2))
+  tv1, tv2 = (hv(x) for x in target.values(target.state_features(next_state)))
+  y_q, y_v = losses.digiq_td_targets(reward, done, gamma, tq1, tq2, tv1, tv2)
+  return losses.digiq_critic_loss(q1, q2, v1, v2, y_q, y_v, metric)
+
+
+def best_of_n(critic: DigiQCritic, batch: Mapping[str, jax.Array], valid: jax.Array, kind: str = "best-of-n",
+              threshold: float = 0.10, pg_multiplier: float = 5.0, awr_beta: float = 0.01,
+              head_reduce: str = "max", include_index0: bool = True) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Best-of-N policy extraction's critic side (§5.5): scores the N candidates of `batch` (act_* and q_rep with
+  an N axis, index 0 = dataset action), returns (k* [B], Adv_k* [B], actor weight [B]). The actor loss is then
+  `losses.bc_nll(logp_tok(a_k*), mask, weight, clamp_prob=losses.AUTOUI_PROB_CLAMP)`."""
+  q, v = critic.scores(batch)
+  idx, adv = losses.best_of_n_select(q, v, valid, head_reduce, include_index0)
+  weight = losses.best_of_n_weights(adv, kind, threshold, pg_multiplier, awr_beta)
+  return idx, jax.lax.stop_gradient(adv), weight

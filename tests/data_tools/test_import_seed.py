@@ -162,7 +162,11 @@ def test_command_line(tmp_path):
   pt = tmp_path / "webshop.pt"
   torch.save([_digirl_traj(imgs, "Buy airpods", 2, True, 0)], pt)
   out = subprocess.run([sys.executable, "-m", "data_tools.import_seed_trajectories", "--pt", str(pt),
-                        "--store", str(tmp_path / "store")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--store", str(tmp_path / "store"), "--gamma", "0.95"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr
   assert "imported 1 trajectories" in out.stdout
-  assert len(TrajectoryStore(str(tmp_path / "store"))) == 1
+  store = TrajectoryStore(str(tmp_path / "store"))
+  assert len(store) == 1
+  # the file says 0.5^k (DigiRL's γ); --gamma 0.95 recomputes G_t = Σ γ^(k-t) r_k = [0.95, 1]
+  np.testing.assert_allclose([s.mc_return for s in store.read(0).steps], [0.95, 1.0], rtol=1e-6)

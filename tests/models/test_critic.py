@@ -147,3 +147,64 @@ def test_bad_feature_widths_name_the_field(model):
     model(dict(batch, q_rep=jnp.zeros((2, 5))))
   with pytest.raises(ValueError, match="out_dim"):
     C.CriticConfig(out_dim=3)
+
+
+def _cand_batch(cfg, seed=0):
+  cands = [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]]
+  b = _batch(cfg, [c[0] for c in cands], seed=seed)
+  cb = C.featurize([OBS0, OBS1], cands, cfg)
+  b["cand_type"], b["cand_text"] = jnp.asarray(cb["act_type"]), jnp.asarray(cb["act_text"])
+  b["cand_rep"] = jnp.asarray(np.random.default_rng(seed + 1).normal(size=(2, 3, cfg.rep_dim)), jnp.float32)
+  b["cand_rep"] = b["cand_rep"].at[:, 0].set(b["q_rep"])  # index 0 = the dataset action
+  return b
+
+
+def test_td_loss_wiring_matches_the_digiq_code(model):
+  """Transcribes `critic_loss` (bellman): Q_i on r + (1-done)·γ·V̄_i(s'), V_i on Q̄_i(s, a_b)."""
+  cfg = model.cfg
+  target = nnx.clone(model)
+  nnx.update(target, jax.tree.map(lambda x: 0.5 * x, nnx.state(target, nnx.Param)))
+  batch = _cand_batch(cfg)
+  next_state = {k: batch[k] for k in ("goal", "prev_type", "prev_text")}
+  next_state["image_features"] = batch["image_features"][::-1]
+  r, done = jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0])
+  fwd = nnx.jit(lambda m, b: m(b))
+  q1, q2, v1, v2 = (np.asarray(x)[:, 0] for x in fwd(model, batch))
+  tq1, tq2, _, _ = (np.asarray(x)[:, 0] for x in fwd(target, batch))
+  _, _, tv1, tv2 = (np.asarray(x)[:, 0] for x in fwd(target, dict(batch, **next_state)))
+  mse = lambda a, b: np.mean((a - b) ** 2)
+
+  def expected(bq1, bq2):
+    yq1, yq2 = r + (1 - done) * 0.95 * tv1, r + (1 - done) * 0.95 * tv2
+    return mse(q1, yq1) + mse(q2, yq2) + mse(v1, bq1) + mse(v2, bq2)
+
+  loss = nnx.jit(lambda m, t: C.td_loss(m, t, batch, next_state, r, done)[0])(model, target)
+  np.testing.assert_allclose(loss, expected(tq1, tq2), rtol=1e-4)
+  # the paper's V backup over π_β candidates: the mean, or one sampled index
+  cand = dict(batch, act_type=batch["cand_type"], act_text=batch["cand_text"], q_rep=batch["cand_rep"])
+  cq1, cq2, _, _ = (np.asarray(x)[..., 0] for x in fwd(target, cand))
+  np.testing.assert_allclose(cq1[:, 0], tq1, rtol=1e-5)
+  mean_loss = nnx.jit(lambda m, t: C.td_loss(m, t, batch, next_state, r, done, backup="mean")[0])(model, target)
+  np.testing.assert_allclose(mean_loss, expected(cq1.mean(1), cq2.mean(1)), rtol=1e-4)
+  sample_loss = C.td_loss(model, target, batch, next_state, r, done, backup="sample", key=jax.random.key(3))[0]
+  per_index = [expected(cq1[:, k], cq2[:, k]) for k in range(3)]
+  assert min(abs(float(sample_loss) - e) for e in per_index) < 1e-4 * max(per_index)
+  # mc: every head on G_t
+  g = jnp.array([0.25, 1.0])
+  mc = C.td_loss(model, target, batch, next_state, r, done, mc_return=g, advantage_estimation="mc")[0]
+  np.testing.assert_allclose(mc, mse(q1, g) + mse(q2, g) + mse(v1, g) + mse(v2, g), rtol=1e-4)
+  with pytest.raises(ValueError, match="cand_rep"):
+    C.td_loss(model, target, {k: v for k, v in batch.items() if not k.startswith("cand")}, next_state, r, done,
+              backup="mean")
+
+
+def test_best_of_n_weights_from_the_critic(model):
+  cfg = model.cfg
+  batch = _batch(cfg, [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]], n=3)
+  valid = jnp.array([[True, True, False], [True, True, True]])
+  idx, adv, w = nnx.jit(lambda m: C.best_of_n(m, batch, valid, kind="best-of-n", threshold=0.0))(model)
+  q, v = model.scores(batch)
+  idx2, adv2 = losses.best_of_n_select(q, v, valid)
+  np.testing.assert_array_equal(idx, idx2)
+  np.testing.assert_allclose(adv, adv2, rtol=1e-5)
+  np.testing.assert_array_equal(w, (np.clip(adv2, 0, 1) > 0).astype(np.float32))
