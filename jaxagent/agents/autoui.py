@@ -31,8 +31,8 @@ from jaxagent.types import Action, ActionKind, Observation, Step, Task
 ACTION_TYPES = ("DUAL_POINT", "TYPE", "PRESS_BACK", "PRESS_HOME", "PRESS_ENTER", "STATUS_TASK_COMPLETE",
                 "TASK_IMPOSSIBLE")
 _NO_POINT = '"touch_point": "[-1.0, -1.0]", "lift_point": "[-1.0, -1.0]"'
-_KIND_TO_TYPE = {ActionKind.BACK: "PRESS_BACK", ActionKind.HOME: "PRESS_HOME", ActionKind.ANSWER: "STATUS_TASK_COMPLETE",
-                 ActionKind.IMPOSSIBLE: "TASK_IMPOSSIBLE"}
+_KIND_TO_TYPE = {ActionKind.BACK: "PRESS_BACK", ActionKind.HOME: "PRESS_HOME",
+                 ActionKind.ANSWER: "STATUS_TASK_COMPLETE", ActionKind.IMPOSSIBLE: "TASK_IMPOSSIBLE"}
 _TYPE_TO_KIND = {"PRESS_BACK": ActionKind.BACK, "PRESS_HOME": ActionKind.HOME,
                  "STATUS_TASK_COMPLETE": ActionKind.ANSWER, "TASK_IMPOSSIBLE": ActionKind.IMPOSSIBLE}
 

@@ -266,7 +266,8 @@ class WebVoyagerTextOnly(_WebVoyagerBase):
     if pdf_obs:
       return (f"Observation: {pdf_obs} {P.PDF_FOLLOWUP} The accessibility tree of the current page is also given, "
               f"give the Thought and Action.\n{obs.a11y_tree}")
-    return f"Observation:{warn_obs} please analyze the accessibility tree and give the Thought and Action.\n{obs.a11y_tree}"
+    return (f"Observation:{warn_obs} please analyze the accessibility tree and give the Thought and Action.\n"
+            f"{obs.a11y_tree}")
 
 
 @base.register("webvoyager_actree_image")

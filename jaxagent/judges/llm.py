@@ -10,11 +10,11 @@ Protocols (`reference/algorithms.md` §1.5, §4.5):
   * `digirl` (DigiRL-agent/digirl:digirl/environment/android/evaluate.py): after every step, the task and
     the new screenshot (downscaled 4x) -> `Status: success|failure`; the first success ends the episode
     with reward 1 (`step_rewards` gives the per-step rewards, `evaluate` the episode's verdict).
-    Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²)
-    or matches one of the first 5 judged screens (the original's cache of up to 5). SIMPLIFIED: the original sends 9 (general) / 11 (webshop)
-    few-shot exemplars with their screenshots, which are not bundled here; we send the system message and
-    the original's "Your Turn" block only. The image cache is per trajectory (the original shares it
-    across emulators, which DigiRL issue #25 reports as a bug).
+    Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²) or matches
+    one of the first 5 judged screens (the original's cache of up to 5). SIMPLIFIED: the original sends 9
+    (general) / 11 (webshop) few-shot exemplars with their screenshots, which are not bundled here; we send
+    the system message and the original's "Your Turn" block only. The image cache is per trajectory (the
+    original shares it across emulators, which DigiRL issue #25 reports as a bug).
 
 Robustness: retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection
 errors and malformed bodies; other 4xx fail at once. A bounded thread pool judges many trajectories. A
