@@ -120,9 +120,9 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
   (MiniWoB, the live web) come back unchanged.
   """
   from jaxagent.envs.sites import tasks as tasks_lib  # noqa: PLC0415 (tasks imports this module)
+  tasks_lib.check_site(task)
   if PLACEHOLDER not in task.start_url:
     return task
-  tasks_lib.check_site(task)
   base_url = base_url or ensure_server(task.seed)
   session = session or new_session()
   meta = dict(task.meta)

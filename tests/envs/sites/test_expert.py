@@ -111,3 +111,15 @@ def test_demonstrations_store_and_openwebvoyager_samples(site, test_suite, tmp_p
   assert [m["from"] for m in last["conversations"]][-2:] == ["human", "gpt"]
   assert last["conversations"][-1]["value"].startswith("Thought:") and "ANSWER" in last["conversations"][-1]["value"]
   assert all((tmp_path / "images" / name).exists() for s in samples for name in s["images"])
+
+
+def test_site_env_rejects_an_unknown_site_before_starting_chromium():
+  from jaxagent.types import Task
+  env = env_lib.SiteEnv(profile="web")
+  for bad in (Task(id="a", intent="x", site="bank", start_url="__SITES__/bank/"),
+              Task(id="b", intent="x", site="bank", start_url="http://127.0.0.1:1/"),
+              Task(id="c", intent="x", site="shop", start_url="http://127.0.0.1:1/shop/")):
+    with pytest.raises(ValueError, match="field '(site|start_url)'"):
+      env.reset(bad)
+  assert env.browser_pid is None and not env.alive()
+  env.close()
