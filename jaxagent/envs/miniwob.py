@@ -16,7 +16,8 @@ Rewards: `reward="raw"` (default) gives the task's reward without MiniWoB's time
 `reward="time_scaled"` gives the package's default (`WOB_REWARD_GLOBAL`). Both are in `info`.
 
 Episodes: by default the page is loaded once per task name and each `reset` restarts the episode in place
-(MiniWoB's own design, `refresh_freq=0`); `fresh_context=True` opens a fresh context and reloads every episode.
+(MiniWoB's own design) and reloaded in a fresh context every `reload_every` episodes (like the package's
+`refresh_freq`, against slow leaks); `fresh_context=True` opens a fresh context and reloads every episode.
 """
 
 from __future__ import annotations
@@ -112,13 +113,16 @@ class MiniWoBEnv(BrowserEnv):
   """`BrowserEnv` on MiniWoB++ pages; reward and done come from the page's JavaScript."""
 
   def __init__(self, observation: str = "som", reward: str = "raw", fresh_context: bool = False,
-               data_mode: str = "train", episode_max_time_ms: int | None = None, **kwargs: Any):
+               reload_every: int = 200, data_mode: str = "train", episode_max_time_ms: int | None = None,
+               **kwargs: Any):
     if reward not in ("raw", "time_scaled"):
       raise ValueError(f"reward={reward!r}; use 'raw' (success = 1.0) or 'time_scaled' (MiniWoB's default)")
     kwargs.setdefault("idle_timeout_ms", 0)
     super().__init__(profile=MINIWOB_PROFILE, observation=observation, **kwargs)
     self.reward = reward
     self.fresh_context = fresh_context
+    self.reload_every = reload_every
+    self._episodes_on_page = 0
     self.data_mode = data_mode
     self.episode_max_time_ms = episode_max_time_ms
     self._loaded_url: str | None = None
@@ -131,7 +135,8 @@ class MiniWoBEnv(BrowserEnv):
   def _begin(self, task: Task) -> None:
     profile = FLIGHT_PROFILE if task.meta["miniwob_task"].startswith("flight.") else MINIWOB_PROFILE
     reload = (self.fresh_context or self._context is None or self._page is None or self._page.is_closed()
-              or self._loaded_url != task.start_url or profile != self.profile)
+              or self._loaded_url != task.start_url or profile != self.profile
+              or (self.reload_every and self._episodes_on_page >= self.reload_every))
     if reload:
       self._fixed_profile = profile
       self._loaded_url = None
@@ -142,6 +147,7 @@ class MiniWoBEnv(BrowserEnv):
       # The reward panel beside the task is bookkeeping, not part of the task: keep it out of the HTML view.
       self._page.add_style_tag(content="#reward-display, #click-canvas { display: none !important; }")
       self._loaded_url = task.start_url
+      self._episodes_on_page = 0
     else:
       self._targets, self._blocked, self._downloads = {}, [], []
       self._page.evaluate("() => core.endEpisode(0)")  # force-stop a running episode (no-op if none)
@@ -157,6 +163,7 @@ class MiniWoBEnv(BrowserEnv):
       if time.monotonic() > deadline:
         raise RuntimeError(f"MiniWoB task {task.meta['miniwob_task']!r} never became ready")
       time.sleep(0.02)
+    self._episodes_on_page += 1
     utterance = self._page.evaluate("() => core.getUtterance()")
     self._utterance = utterance["utterance"] if isinstance(utterance, dict) else utterance
 

@@ -89,9 +89,18 @@ def test_html_view_of_login_user_with_unnamed_textboxes_in_a11y(env):
     env.observation, env.a11y_keep_unnamed = "som", ()
 
 
-def test_seeds_reproduce_episodes(env):
+def test_seeds_reproduce_episodes_in_place_and_after_reload(env):
   utterances = [env.reset(miniwob.make_task("enter-text", seed=s)).intent for s in (7, 8, 7)]
   assert utterances[0] == utterances[2] != utterances[1]
+  page = env.page
+  env.reset(miniwob.make_task("enter-text", seed=8))
+  assert env.page is page  # same task: restarted in place, no reload
+  env.reload_every = 1
+  try:
+    assert env.reset(miniwob.make_task("enter-text", seed=7)).intent == utterances[0]
+    assert env.page is not page  # reloaded in a fresh context, same seeded episode
+  finally:
+    env.reload_every = 200
 
 
 def test_a11y_ids_on_miniwob_and_time_scaled_reward(env):
