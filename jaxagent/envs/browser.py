@@ -416,9 +416,9 @@ class BrowserEnv:
       self._commits += 1
 
   def _allowed(self, url: str) -> bool:
-    if not url.startswith(("http:", "https:", "ws:", "wss:")):
-      return True  # data:, blob:, about:, file: never leave the machine
-    origin = origin_of(url)
+    if url.startswith(("data:", "blob:", "about:")):
+      return True  # content the page already holds
+    origin = origin_of(url)  # file:// pages count as the origin "file://"
     return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self._origins)
 
   def _route(self, route, request) -> None:
@@ -638,6 +638,8 @@ class BrowserEnv:
       page.keyboard.press(_KEY_NAMES.get(action.key.lower(), action.key))
     elif kind == ActionKind.BACK:
       page.go_back(wait_until="load", timeout=self.load_timeout_ms)
+      if page.url == "about:blank":  # never back past the start page onto the new tab's blank page
+        page.go_forward(wait_until="load", timeout=self.load_timeout_ms)
     elif kind == ActionKind.FORWARD:
       page.go_forward(wait_until="load", timeout=self.load_timeout_ms)
     elif kind == ActionKind.HOME:
@@ -647,6 +649,9 @@ class BrowserEnv:
     elif kind == ActionKind.GOTO:
       if not action.url:
         raise ActionFailed()
+      if not self._allowed(action.url):  # route interception does not see every scheme (file:, chrome:)
+        self._blocked.append(action.url)
+        return
       self._goto(action.url)
     elif kind == ActionKind.WAIT:
       page.wait_for_timeout(self.wait_ms)

@@ -156,6 +156,30 @@ def test_navigation_outside_allowed_origins_is_blocked(env, site):
   assert info["blocked"] == ["http://example.invalid/elsewhere"]
   obs, *_ = env.step(Action(ActionKind.GOTO, url="http://example.invalid/other"))
   assert obs.url == site + "index.html" and "blocked" in obs.error
+  obs, *_ = env.step(Action(ActionKind.GOTO, url="file:///etc/passwd"))
+  assert obs.url == site + "index.html" and "blocked" in obs.error
+  obs, *_ = env.step(Action(ActionKind.GOTO, url=site + "next.html"))
+  assert obs.url == site + "next.html" and obs.error == ""
+
+
+def test_no_action_raises_whatever_its_fields(env, site):
+  """Malformed or impossible actions become errors in the observation; the episode goes on."""
+  env.reset(_task(site, max_steps=100))
+  actions = [
+      Action(ActionKind.CLICK), Action(ActionKind.CLICK, element=-1), Action(ActionKind.CLICK, x=float("nan"), y=1),
+      Action(ActionKind.TYPE, element=10_000, text="x"), Action(ActionKind.SCROLL, direction="sideways"),
+      Action(ActionKind.SCROLL, element=0, direction="down"), Action(ActionKind.SWIPE, x=0.5, y=0.5, normalized=True),
+      Action(ActionKind.SELECT, element=0, text="no such option"), Action(ActionKind.HOVER),
+      Action(ActionKind.KEY, key="NotAKey"), Action(ActionKind.KEY), Action(ActionKind.GOTO),
+      Action(ActionKind.GOTO, url="javascript:alert(1)"), Action(ActionKind.GOTO, url="not a url"),
+      Action(ActionKind.BACK), Action(ActionKind.BACK), Action(ActionKind.FORWARD), Action(ActionKind.NOOP),
+      Action(ActionKind.KEY, key="enter"), Action(ActionKind.TYPE, text="typed into whatever has focus"),
+  ]
+  for action in actions:
+    obs, reward, done, info = env.step(action)
+    assert not done and obs.url.startswith(site) and isinstance(obs.error, str), action
+  errors = [env.step(a)[0].error for a in actions[:5]]
+  assert errors[1:4] == [FAIL_OBS] * 3
 
 
 def test_new_tab_becomes_active_and_download_is_saved(env, site):
