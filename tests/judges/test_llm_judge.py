@@ -112,7 +112,7 @@ def test_cache_makes_rejudging_free(tmp_path):
 
 
 def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
-  state = PeerState(fault_rate=0.35, seed=1234, timeout_sleep=0.6)
+  state = PeerState(fault_rate=0.35, seed=1234, timeout_sleep=2.0)
   expected = {}
   pairs = []
   for i in range(200):
@@ -120,7 +120,7 @@ def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
     expected[i] = {"correct": 1.0, "wrong": 0.0, "unsure": None}[answer]
     pairs.append(_webvoyager_traj(i, answer, tmp_path, n_steps=2))
   with Peer(state) as peer:
-    judge = LLMJudge(_config(peer, tmp_path, timeout_s=0.25, max_retries=4))
+    judge = LLMJudge(_config(peer, tmp_path, timeout_s=1.0, max_retries=4))
     verdicts = judge.evaluate_many(pairs)
   s = judge.stats
   assert len(verdicts) == 200
@@ -136,8 +136,9 @@ def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
   assert sum(s.failures.values()) == unjudged_by_api
   assert set(s.retries) == {"429", "5xx", "timeout", "malformed"}, s.retries
   assert s.api_calls == sum(state.outcomes.values()) == 200 + sum(s.retries.values())
-  assert state.outcomes["429"] + state.outcomes["500"] + state.outcomes["malformed"] + state.outcomes["no_choices"] \
-      + state.outcomes["timeout"] == sum(s.retries.values()) + unjudged_by_api
+  # Every injected fault cost a retry or ended in "unjudged" (on a loaded machine a slow "ok" may time out too).
+  server_faults = sum(n for outcome, n in state.outcomes.items() if outcome != "ok")
+  assert 0 < server_faults <= sum(s.retries.values()) + unjudged_by_api
   json.dumps(s.as_dict())  # the stats are loggable as they are
 
 
