@@ -74,13 +74,16 @@ def bc_nll(logp_tok: jax.Array, mask: jax.Array, weights: jax.Array | None = Non
 def head_value(out: jax.Array, learn_metric: str = "regression") -> jax.Array:
   """A head's raw output → a scalar value per sample.
 
-  regression: the single output (`[..., 1]` or `[...]`); classification: softmax(logits)[..., 1], as every
+  regression: the single output of `[..., 1]`; classification: softmax(logits)[..., 1], as every
   CE critic of the originals reads it (§3.7, §4.6, §5.4: `self.softmax(v)[:, 1]`).
   """
   _check_choice("learn_metric", learn_metric, ("regression", "classification"))
+  want = 2 if learn_metric == "classification" else 1
+  if out.ndim == 0 or out.shape[-1] != want:
+    raise ValueError(f"head_value({learn_metric}): expected outputs [..., {want}], got shape {out.shape}")
   if learn_metric == "classification":
     return jax.nn.softmax(out, axis=-1)[..., 1]
-  return out[..., 0] if out.ndim and out.shape[-1] == 1 else out
+  return out[..., 0]
 
 
 def reduce_heads(values: jax.Array, how: str) -> jax.Array:

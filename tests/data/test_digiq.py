@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxagent import types
-from jaxagent.data import digiq
+from jaxagent.data import conversation, digiq
 from jaxagent.data.store import TrajectoryStore
 
 
@@ -116,6 +116,10 @@ def test_build_representation_dataset_from_a_store(tmp_path):
   assert [s["conversations"][1]["value"] for s in samples] == ["Yes", "No", "Yes"]  # a->b, b->b, b->c
   assert "Clicking on any interactive elements" in samples[0]["conversations"][0]["value"]
   assert "Types wifi" in samples[2]["conversations"][0]["value"]
+  # the IL pipeline's loader accepts the file as it is (ids, one <image> per image, a gpt turn)
+  loaded = conversation.load_conversations(path)
+  assert [item["id"] for item in loaded] == [s["id"] for s in samples]
+  assert all(os.path.isfile(p) for item in loaded for p in item["images"])
   q_image = os.path.join(tmp_path, "sft", samples[0]["images"][0])
   from PIL import Image
   with Image.open(q_image) as im:

@@ -327,3 +327,13 @@ def test_losses_are_jittable():
   np.testing.assert_allclose(td[0][0], 1 + 0.95 * v[:, 0], rtol=1e-6)
   lw = jax.jit(L.webrl_actor_loss_code)(jnp.log(q[..., 0]), jnp.log(q[..., 1]), jnp.ones((b, n)), adv)[0]
   assert np.isfinite(float(lw))
+
+
+def test_head_value_and_reduce_heads():
+  np.testing.assert_allclose(L.head_value(jnp.array([[0.3], [0.7]])), [0.3, 0.7])
+  np.testing.assert_allclose(L.head_value(jnp.array([[0.0, math.log(3.0)]]), "classification"), [0.75], rtol=1e-6)
+  with pytest.raises(ValueError, match=r"\[\.\.\., 1\]"):
+    L.head_value(jnp.array([0.3, 0.7]))  # a bare [B] is ambiguous: heads output [B, 1]
+  v = jnp.array([[0.2, 0.6], [0.9, 0.1]])
+  np.testing.assert_allclose(L.reduce_heads(v, "max"), [0.6, 0.9])
+  np.testing.assert_allclose(L.reduce_heads(v, "min"), [0.2, 0.1])
