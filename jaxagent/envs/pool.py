@@ -159,10 +159,20 @@ def _worker_main(fd: int) -> None:
       return
     try:
       out = env.reset(arg) if cmd == "reset" else env.step(arg)
+    except ValueError as e:
+      if cmd == "reset":  # the env refused the task (bad input): retrying cannot help, the env is fine
+        conn.send(("rejected", f"env.reset refused task {getattr(arg, 'id', arg)!r}: {e}"))
+        continue
+      conn.send(("error", f"env.{cmd} raised:\n" + traceback.format_exc()))
+      os._exit(1)
     except BaseException:  # pylint: disable=broad-except
       conn.send(("error", f"env.{cmd} raised:\n" + traceback.format_exc()))
       os._exit(1)  # the parent kills what this env started and puts a fresh worker in the slot
-    conn.send(("ok", out))
+    try:
+      conn.send(("ok", out))
+    except Exception:  # pylint: disable=broad-except  # e.g. an unpicklable object in `info`
+      conn.send(("error", f"env.{cmd}'s result could not be sent:\n" + traceback.format_exc()))
+      os._exit(1)
 
 
 # --------------------------------------------------------------------------------------------- the pool
@@ -270,6 +280,12 @@ class EnvPool:
 
   def __len__(self) -> int:
     return self.num_workers
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except  # interpreter shutdown
+      pass
 
   def __enter__(self) -> "EnvPool":
     return self
@@ -427,8 +443,14 @@ class EnvPool:
         continue
       if kind == "error":
         return self._fail(slot, payload, pending, results)
-      del pending[slot]
       ep = self._episodes[slot]
+      if kind == "rejected":  # the task itself is bad: no retry, the worker stays
+        del pending[slot]
+        self.failures.append(f"slot {slot} attempt {ep.attempt}: {payload}")
+        results[slot] = SlotResult(None, errored=True, attempt=ep.attempt, errors=[*ep.errors, payload])
+        self._episodes[slot] = None
+        return None
+      del pending[slot]
       if p.cmd == "step":
         obs, reward, done, info = payload
         results[slot] = SlotResult(obs, float(reward), bool(done), dict(info or {}), attempt=ep.attempt,

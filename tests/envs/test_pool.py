@@ -58,6 +58,8 @@ class ScriptedEnv:
                              extra={"pid": os.getpid()})
 
   def reset(self, task):
+    if not task.start_url.startswith("fake://"):
+      raise ValueError(f"Task {task.id!r}: start_url must be fake://...")
     self.task, self.t = task, 0
     self._fault("reset")
     return self._obs()
@@ -157,6 +159,15 @@ def test_retries_exhausted_gives_errored_then_slot_is_reusable(pool, tmp_path):
     pool.step({0: _say("a")})
   out = pool.reset({0: _task(5)})
   assert out[0].obs.url == "fake://5" and out[0].attempt == 1
+
+
+def test_a_task_the_env_refuses_errors_at_once_without_restart(pool):
+  restarts, pid = pool.restarts, pool.worker_pid(1)
+  bad = types.Task(id="bad", intent="", site="fake", start_url="http://nope/")
+  out = pool.reset([_task(0), bad, None])
+  assert out[1].errored and out[1].attempt == 1 and "start_url must be fake://" in out[1].errors[0]
+  assert pool.restarts == restarts and pool.worker_pid(1) == pid
+  assert pool.reset({1: _task(1)})[1].obs.url == "fake://1"
 
 
 def test_every_helper_process_of_a_killed_worker_is_gone(pool, tmp_path):
