@@ -157,6 +157,22 @@ def test_key_never_leaks(tmp_path):
         assert KEY.encode() not in f.read(), name
 
 
+def test_logging_filter_redacts(tmp_path):
+  import logging  # pylint: disable=g-import-not-at-top
+
+  secrets.register_secret(KEY)
+  stream = io.StringIO()
+  handler = logging.StreamHandler(stream)
+  handler.addFilter(secrets.RedactingFilter())
+  logger = logging.getLogger("jaxagent.test_redaction")
+  logger.addHandler(handler)
+  try:
+    logger.error("request with %s failed", KEY)
+  finally:
+    logger.removeHandler(handler)
+  assert stream.getvalue() == f"request with {secrets.REDACTED} failed\n"
+
+
 def test_missing_key_is_named_in_the_reason(tmp_path, monkeypatch):
   monkeypatch.delenv("JAXAGENT_TEST_KEY")
   with Peer(PeerState(auth_echo=True)) as peer:
