@@ -3,7 +3,7 @@
 Layout of a store directory:
   episodes.jsonl             one committed episode per line (task, steps, verdict, observations' text fields)
   images/<episode>/NNN.png   the screenshot each step acted on; `final.png` is the state after the last step
-  images/.tmp-<episode>/     screenshots of an episode being written (never read)
+  images/.tmp-<episode>/     screenshots of an episode being written (never read; `remove_strays` cleans up)
 
 `append` writes the PNGs into a temp directory, renames it into place, then commits the episode by appending
 ONE line with a single `write` and `fsync`, under an exclusive `flock`. A writer killed at any point leaves
@@ -18,6 +18,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterator
 import uuid
@@ -246,6 +247,19 @@ class TrajectoryStore:
     """A stored screenshot (a step's `image_path`) as uint8 [H, W, 3]."""
     with Image.open(os.path.join(self.path, rel_path)) as im:
       return np.asarray(im.convert("RGB"))
+
+  def remove_strays(self, min_age_s: float = 3600.0) -> list[str]:
+    """Deletes screenshot directories no committed episode references (left by writers that died), if older
+    than `min_age_s` (younger ones may belong to a live writer). Returns what it removed."""
+    committed = {self.read_json(i)["id"] for i in range(len(self))}
+    root = os.path.join(self.path, _IMAGES)
+    removed = []
+    for name in sorted(os.listdir(root)):  # committed episodes' directories carry their id as name
+      path = os.path.join(root, name)
+      if name not in committed and time.time() - os.path.getmtime(path) >= min_age_s:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    return removed
 
   def indices(self, success: bool | None = None,
               where: Callable[[types.Trajectory], bool] | None = None) -> list[int]:

@@ -126,6 +126,8 @@ def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
     assert len(traj.steps) == 4
     for s in traj.steps:
       assert store.load_image(s.image_path).shape == (300, 400, 3)
+  assert set(store.remove_strays(min_age_s=0)) >= set(stray)
+  assert sorted(os.listdir(root / "images")) == sorted(ids)
   store.append(_traj(0, n_steps=1))
   assert len(store_lib.TrajectoryStore(root)) == len(ids) + 1
 
