@@ -8,7 +8,7 @@ import numpy as np
 import psutil
 import pytest
 
-from jaxagent.envs.browser import FAIL_OBS, BrowserCrashed, BrowserEnv
+from jaxagent.envs.browser import FAIL_OBS, BrowserCrashed, BrowserEnv, outside_origins_regex
 from jaxagent.envs.miniwob import serve_directory
 from jaxagent.types import Action, ActionKind, Task
 
@@ -160,6 +160,14 @@ def test_navigation_outside_allowed_origins_is_blocked(env, site):
   assert obs.url == site + "index.html" and "blocked" in obs.error
   obs, *_ = env.step(Action(ActionKind.GOTO, url=site + "next.html"))
   assert obs.url == site + "next.html" and obs.error == ""
+
+
+def test_outside_origins_regex_matches_only_foreign_urls():
+  r = outside_origins_regex(("http://127.0.0.1:8000", "https://*.example.com"))
+  inside = ["http://127.0.0.1:8000/a", "http://127.0.0.1:8000", "https://a.example.com/x?y", "data:text/html,hi"]
+  outside = ["http://127.0.0.1:80001/", "https://example.com/", "file:///etc/passwd",
+             "http://evil.test/?next=http://127.0.0.1:8000"]
+  assert not any(r.search(u) for u in inside) and all(r.search(u) for u in outside)
 
 
 def test_no_action_raises_whatever_its_fields(env, site):
