@@ -106,9 +106,10 @@ def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
   root = tmp_path / "store"
   code = _WRITER.format(path=sys.path, here=os.path.dirname(__file__), root=str(root))
   confirmed, extra_allowed = set(), 0
-  for delay in (0.3, 0.55, 0.8):
+  for delay in (0.05, 0.2, 0.4):
     writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert writer.stdout.readline() == "writing\n"
+    confirmed.add(writer.stdout.readline().strip())  # one episode committed, then kill it mid-stream
     time.sleep(delay)
     writer.send_signal(signal.SIGKILL)
     out, _ = writer.communicate()
@@ -121,7 +122,6 @@ def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
   assert len(ids) == len(set(ids))
   assert confirmed <= set(ids), "an append that returned was lost"
   assert len(set(ids) - confirmed) <= extra_allowed
-  assert len(confirmed) >= 1
   for traj in store:  # every committed episode is whole, images included
     assert len(traj.steps) == 4
     for s in traj.steps:
