@@ -8,9 +8,7 @@ import sys
 import textwrap
 import time
 
-import grain
 import numpy as np
-import pytest
 
 from jaxagent import types
 from jaxagent.data import sources
@@ -133,6 +131,7 @@ def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
 
 
 def test_step_source_shuffles_deterministically_and_resumes_mid_epoch(tmp_path):
+  import grain  # pylint: disable=g-import-not-at-top  # here, so the SIGKILLed writers start fast
   store = store_lib.TrajectoryStore(tmp_path)
   for i, success in enumerate([1.0, 0.0, 1.0, 1.0]):
     store.append(_traj(i, n_steps=3, success=success))
