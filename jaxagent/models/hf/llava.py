@@ -145,14 +145,23 @@ def save_pretrained(model: vlm.VLM, config: vlm.VLMConfig, path, *, dtype=None, 
 
 
 def image_preprocessing(path) -> vit.ImagePreprocessing:
-  """Our numpy preprocessing with the settings of the checkpoint's `preprocessor_config.json` (CLIP-style)."""
-  with open(os.path.join(os.fspath(path), "preprocessor_config.json")) as f:
-    pp = json.load(f)
-  size = pp.get("size", {})
-  crop = pp.get("crop_size", {})
-  crop_size = crop.get("height") if isinstance(crop, dict) else crop
+  """Our numpy preprocessing with the checkpoint's CLIP image-processor settings (`preprocessor_config.json`,
+  or the `image_processor` entry of a `processor_config.json`)."""
+  path = os.fspath(path)
+  if os.path.exists(os.path.join(path, "preprocessor_config.json")):
+    with open(os.path.join(path, "preprocessor_config.json")) as f:
+      pp = json.load(f)
+  elif os.path.exists(os.path.join(path, "processor_config.json")):
+    with open(os.path.join(path, "processor_config.json")) as f:
+      pp = json.load(f).get("image_processor", {})
+  else:
+    raise FileNotFoundError(f"{path!r} has no preprocessor_config.json or processor_config.json; copy the "
+                            "processor files next to the weights (save_pretrained(..., processor_from=...))")
+  size, crop = pp.get("size", {"shortest_edge": 224}), pp.get("crop_size", {"height": 224})
+  if not isinstance(size, dict) or not isinstance(crop, dict):
+    raise ValueError(f"processor config: size={size!r}, crop_size={crop!r}; expected HF dicts "
+                     "({'shortest_edge': N} or {'height': N, 'width': N})")
   return vit.ImagePreprocessing(
-      size=size.get("shortest_edge", size.get("height")) if isinstance(size, dict) else size,
-      crop_size=crop_size if pp.get("do_center_crop", True) else None,
-      mean=tuple(pp.get("image_mean", vit.OPENAI_CLIP_MEAN)), std=tuple(pp.get("image_std", vit.OPENAI_CLIP_STD)),
-      shortest_edge=isinstance(size, dict) and "shortest_edge" in size)
+      size=size.get("shortest_edge", size.get("height")), shortest_edge="shortest_edge" in size,
+      crop_size=crop.get("height") if pp.get("do_center_crop", True) else None,
+      mean=tuple(pp.get("image_mean", vit.OPENAI_CLIP_MEAN)), std=tuple(pp.get("image_std", vit.OPENAI_CLIP_STD)))

@@ -181,10 +181,24 @@ def llava_ckpt(tmp_path_factory):
   hf_model = _randomise(transformers.LlavaForConditionalGeneration(config), seed=3)
   path = tmp_path_factory.mktemp("llava")
   hf_model.save_pretrained(path)
-  transformers.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
-                                     ).save_pretrained(path)
+  _tiny_processor().save_pretrained(path)
   model, cfg = hf_llava.load_pretrained(path)
   return hf_model, path, model, cfg
+
+
+def _tiny_processor():
+  """A LlavaProcessor built here: a word-level tokenizer with `<image>` as id 99 and a CLIP image processor."""
+  import tokenizers
+  vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(95)] + ["<image>"])}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+      extra_special_tokens={"image_token": "<image>"})
+  images = transformers.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+  return transformers.LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=TOWER["patch_size"],
+                                     vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                     image_token="<image>")
 
 
 def _llava_batch(seed=0):
@@ -253,11 +267,19 @@ def test_llava_export_reloads_in_transformers(llava_ckpt, tmp_path):
               attention_mask=torch.from_numpy(mask).long(), position_ids=torch.from_numpy(positions))
   with torch.no_grad():
     np.testing.assert_array_equal(reloaded(**args).logits.numpy(), hf_model(**args).logits.numpy())
-  # The processor travels with the weights, and our preprocessing reads the same settings.
-  processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
-  image = np.random.RandomState(5).randint(0, 256, (45, 60, 3)).astype(np.uint8)
-  want = processor(images=[image], return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
-  np.testing.assert_allclose(hf_llava.image_preprocessing(tmp_path)([image]), want, atol=1e-5)
+  # The processor travels with the weights; its token expansion and image settings agree with ours.
+  processor = transformers.AutoProcessor.from_pretrained(tmp_path)
+  images = [np.random.RandomState(k).randint(0, 256, shape).astype(np.uint8)
+            for k, shape in enumerate([(45, 60, 3), (70, 33, 3)])]
+  inputs = processor(text=["w1 <image> w2 w3 <image> w4"], images=images, return_tensors="np")
+  ids = inputs["input_ids"]
+  assert int(np.sum(ids == cfg.image_token_id)) == 2 * cfg.num_image_tokens
+  pixels = hf_llava.image_preprocessing(tmp_path)(images)
+  np.testing.assert_allclose(pixels, inputs["pixel_values"].transpose(0, 2, 3, 1), atol=1e-5)
+  with torch.no_grad():
+    ref = hf_model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(inputs["pixel_values"])).logits
+  ours = nnx.jit(lambda m, i, x: m(i, x))(model, jnp.asarray(ids), jnp.asarray(pixels))
+  assert _rel_err(ours, ref.numpy()) < REL_TOL
 
 
 def test_llava_loads_onto_an_8_device_mesh(llava_ckpt):
