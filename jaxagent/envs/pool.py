@@ -2,19 +2,23 @@
 
 Each slot is one worker process that owns one environment, hence one browser. Workers are fresh Python
 interpreters (`python -c`, never `fork`: Playwright and JAX hold threads; and unlike multiprocessing's
-`spawn` they do not re-import the caller's `__main__`, so a script without a `__main__` guard works). `reset` and `step` address any subset of slots; the commands go out
-to all of them first and the answers are gathered as they come, so N browsers work in parallel.
+`spawn` they do not re-import the caller's `__main__`, so a script without a `__main__` guard works).
+`reset`, `step` and `advance` address any subset of slots; the commands go out to all of them first and the
+answers are gathered as they come, so N browsers work in parallel.
 
 A worker whose env raises (e.g. `BrowserCrashed`), whose process dies, or which does not answer within the
 timeout is killed together with everything it started, and a fresh worker takes its slot. The episode it was
 running is retried from `reset` up to `max_retries` times (the caller gets `SlotResult.restarted` with the
-new first observation), then given up (`SlotResult.errored`). Nothing is silently lost.
+new first observation), then given up (`SlotResult.errored`). Nothing is silently lost. A task the env
+refuses (`ValueError` from `reset`: bad input, not a crash) is errored at once, without retries.
 
-A worker and every process it starts (the Playwright driver, Chromium and its renderers) carry the environment
-variable `JAXAGENT_ENV_WORKER=<pool>/<slot>/<generation>`. Playwright puts Chromium in a session of its own,
-so process groups cannot find it; this marker, read from `/proc/<pid>/environ`, can, even after the worker
-has died and its children were re-parented. `close()` (also via the context manager, `atexit`, and SIGTERM
-in the parent) kills every marked process, so no Chromium outlives the pool.
+A worker and the processes it starts (the Playwright driver, the Chromium browser process) carry the
+environment variable `JAXAGENT_ENV_WORKER=<pool>/<slot>/<generation>`. Playwright puts Chromium in a session
+of its own, so the worker's process group does not hold it; the marker, read from `/proc/<pid>/environ`,
+finds it even after the worker died and its children were re-parented, and Chromium's zygotes and renderers
+(which drop the marker) share its session. Killing a worker, and `close()` (also via the context manager,
+`atexit`, and SIGTERM or Ctrl-C in the parent), kill every marked process and its session, so no Chromium
+outlives the pool. Workers also watch their parent and do the same if it dies without closing the pool.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class SlotResult:
   done: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
   restarted: bool = False  # this attempt crashed; `obs` is the first observation of the episode run again
-  errored: bool = False  # the episode crashed on all 1 + max_retries attempts and was given up; `obs` is None
+  errored: bool = False  # crashed on all 1 + max_retries attempts (or the env refused the task); `obs` is None
   attempt: int = 1  # which attempt of the slot's current episode produced this result
   errors: list[str] = dataclasses.field(default_factory=list)  # why each failed attempt failed
 
