@@ -18,7 +18,8 @@ Behaviour worth knowing:
   last observation; it resolves to its bbox centre (for `html`, the live `[data-label-id=N]` box, as WebRL).
 - A failing action never raises: `Observation.error` gets WebVoyager's `fail_obs` text (`FAIL_OBS`). Typing
   into something that is not a text box still types, and `obs.extra["warning"]` carries WebVoyager's `warn_obs`.
-  `step` raises `BrowserCrashed` when the browser process died; the next `reset` relaunches it.
+  `step` raises `BrowserCrashed` when the browser process or the page's renderer died; the next `reset`
+  relaunches the browser (or just opens a fresh context, if only a renderer died).
 - Coordinates: `normalized` points (AitW's touch points) are fractions of the screen the screenshot shows;
   unnormalised ones and element boxes are CSS px of the layout viewport (what `getBoundingClientRect` gives).
 """
@@ -201,6 +202,7 @@ class BrowserEnv:
     self._browser = None
     self._browser_pid: int | None = None
     self._disconnected = False
+    self._page_crashed = False
     self._context = None
     self._page = None
     self._cdp: dict[int, Any] = {}
@@ -255,6 +257,14 @@ class BrowserEnv:
       return psutil.Process(self._browser_pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
       return False
+
+  def _crash_reason(self) -> str:
+    """Why the episode cannot go on ("" if it can): the browser process or the page's renderer died."""
+    if not self.alive():
+      return f"Chromium (pid {self._browser_pid}) died"
+    if self._page_crashed:
+      return "the page's renderer crashed"
+    return ""
 
   def close(self) -> None:
     """Closes the browser and waits until no Chromium process of this env is left."""
@@ -323,8 +333,8 @@ class BrowserEnv:
       raise RuntimeError("BrowserEnv.step called before reset(task)")
     if self._done:
       raise RuntimeError("BrowserEnv.step called after the episode ended; call reset(task)")
-    if not self.alive():
-      raise BrowserCrashed(f"Chromium (pid {self._browser_pid}) is gone; reset() relaunches it")
+    if self._crash_reason():
+      raise BrowserCrashed(f"{self._crash_reason()}; reset() recovers")
     self._steps += 1
     self._blocked.clear()
     self._warning = ""
@@ -340,8 +350,8 @@ class BrowserEnv:
     except ActionFailed as e:
       error, detail = str(e), str(e)
     except PlaywrightError as e:
-      if not self.alive():
-        raise BrowserCrashed(f"Chromium died during {action.kind.value}: {e}") from e
+      if self._crash_reason():
+        raise BrowserCrashed(f"{self._crash_reason()} during {action.kind.value}: {e}") from e
       error, detail = FAIL_OBS, str(e).splitlines()[0]
     try:
       self._collect_downloads()
@@ -350,8 +360,8 @@ class BrowserEnv:
       truncated = not done and self._steps >= self._task.max_steps
       obs = self._observe_settled()
     except PlaywrightError as e:
-      if not self.alive():
-        raise BrowserCrashed(f"Chromium died while observing: {e}") from e
+      if self._crash_reason():
+        raise BrowserCrashed(f"{self._crash_reason()} while observing: {e}") from e
       raise
     error = error or self._blocked_message()
     obs.error = error
@@ -391,6 +401,7 @@ class BrowserEnv:
         pass
     self._cdp = {}
     self._targets = {}
+    self._page_crashed = False
     self._blocked, self._new_pages, self._pending_downloads, self._downloads = [], [], [], []
     self._origins = tuple(task.allowed_origins) or (origin_of(task.start_url),)
     self.profile = self._fixed_profile or profiles_lib.get_profile(task.profile)
@@ -411,6 +422,7 @@ class BrowserEnv:
     page.on("framenavigated", self._on_frame_navigated)
     page.on("download", lambda download: self._pending_downloads.append(download))
     page.on("dialog", lambda dialog: dialog.accept())
+    page.on("crash", lambda _: setattr(self, "_page_crashed", True))
 
   def _on_request(self, request) -> None:
     if request.is_navigation_request() and request.frame.parent_frame is None:

@@ -135,6 +135,7 @@ class MiniWoBEnv(BrowserEnv):
   def _begin(self, task: Task) -> None:
     profile = FLIGHT_PROFILE if task.meta["miniwob_task"].startswith("flight.") else MINIWOB_PROFILE
     reload = (self.fresh_context or self._context is None or self._page is None or self._page.is_closed()
+              or self._page_crashed
               or self._loaded_url != task.start_url or profile != self.profile
               or (self.reload_every and self._episodes_on_page >= self.reload_every))
     if reload:

@@ -254,6 +254,18 @@ def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
   assert env.reset(_task(site)).screenshot.shape == (768, 1024, 3)  # the next web task gets the desktop again
 
 
+def test_crashed_renderer_raises_then_reset_recovers_without_relaunch(env, site):
+  env.reset(_task(site))
+  pid = env.browser_pid
+  for child in psutil.Process(pid).children(recursive=True):
+    if "--type=renderer" in " ".join(child.cmdline()):
+      child.kill()
+  with pytest.raises(BrowserCrashed, match="renderer crashed"):
+    env.step(Action(ActionKind.WAIT))
+  obs = env.reset(_task(site))
+  assert obs.title == "Fixture" and env.browser_pid == pid
+
+
 def _chromium_children():
   out = []
   for p in psutil.Process().children(recursive=True):
