@@ -151,7 +151,7 @@ def test_missing_unexpected_or_misshaped_tensor_is_named(llama_case, tmp_path):
     hf_llama.load_pretrained(tmp_path / "extra")
 
 
-def test_sharded_load_on_8_devices_follows_rules_and_keeps_logits(llama_case):
+def test_sharded_load_on_8_devices_follows_rules_keeps_logits_and_samples(llama_case):
   _, _, path, model, cfg = llama_case
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
   sharded, _ = hf_llama.load_pretrained(path, mesh=mesh)
@@ -171,3 +171,8 @@ def test_sharded_load_on_8_devices_follows_rules_and_keeps_logits(llama_case):
     logits = jax.jit(lambda m, x, k: m(x, attention_mask=k))(sharded, jnp.asarray(ids), jnp.asarray(mask))
   expected = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
   assert _rel_err(np.asarray(logits), expected, mask) <= 1e-5
+  config = sampler.SamplingConfig(max_new_tokens=4, temperature=0.0)
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  with jax.set_mesh(mesh):
+    sharded_tokens = sampler.sample(sharded, ids, mask, config).tokens
+  np.testing.assert_array_equal(sharded_tokens, sampler.sample(model, ids, mask, config).tokens)
