@@ -217,7 +217,6 @@ class BrowserEnv:
     self._steps = 0
     self._warning = ""
     self._done = True
-    self._last_obs: Observation | None = None
 
   # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -244,7 +243,8 @@ class BrowserEnv:
         headless=self.headless, args=args,
         executable_path=self.executable_path or chromium_executable(self._pw))
     self._disconnected = False
-    self._browser.on("disconnected", lambda _: setattr(self, "_disconnected", True))
+    browser = self._browser  # a late event from a browser already replaced must not mark the new one
+    browser.on("disconnected", lambda _: self._browser is browser and setattr(self, "_disconnected", True))
     new = _browser_pids() - before
     self._browser_pid = min(new) if new else None
 
@@ -422,7 +422,7 @@ class BrowserEnv:
     page.on("framenavigated", self._on_frame_navigated)
     page.on("download", lambda download: self._pending_downloads.append(download))
     page.on("dialog", lambda dialog: dialog.accept())
-    page.on("crash", lambda _: setattr(self, "_page_crashed", True))
+    page.on("crash", lambda _: page is self._page and setattr(self, "_page_crashed", True))
 
   def _on_request(self, request) -> None:
     if request.is_navigation_request() and request.frame.parent_frame is None:
@@ -586,7 +586,6 @@ class BrowserEnv:
     if self._downloads:
       obs.extra["downloads"] = list(self._downloads)
     self._targets = {e.index: e for e in obs.elements}
-    self._last_obs = obs
     return obs
 
   # ------------------------------------------------------------------------------------------ executing
