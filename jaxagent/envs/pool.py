@@ -420,15 +420,19 @@ class EnvPool:
   def _run(self, commands: dict[int, tuple[str, Any]]) -> list[SlotResult | None]:
     results: list[SlotResult | None] = [None] * self.num_workers
     pending: dict[int, _Pending] = {}
-    for slot, (cmd, arg) in commands.items():
-      self._send(slot, cmd, arg, pending)
-    while pending:
-      now = time.monotonic()
-      wait_s = max(0.0, min(p.deadline for p in pending.values()) - now)
-      # A dead worker's socket reads EOF, so waiting on the connections also catches deaths.
-      mp_connection.wait([self._workers[s].conn for s in pending], timeout=wait_s)
-      for slot in list(pending):
-        self._poll(slot, pending, results)
+    try:
+      for slot, (cmd, arg) in commands.items():
+        self._send(slot, cmd, arg, pending)
+      while pending:
+        now = time.monotonic()
+        wait_s = max(0.0, min(p.deadline for p in pending.values()) - now)
+        # A dead worker's socket reads EOF, so waiting on the connections also catches deaths.
+        mp_connection.wait([self._workers[s].conn for s in pending], timeout=wait_s)
+        for slot in list(pending):
+          self._poll(slot, pending, results)
+    except BaseException:  # Ctrl-C mid-round: answers are still in flight, the pool cannot be reused
+      self.close()
+      raise
     return results
 
   def _poll(self, slot: int, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:

@@ -179,23 +179,28 @@ def test_every_helper_process_of_a_killed_worker_is_gone(pool, tmp_path):
 
 
 _PARENT = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     sys.path[:0] = {path!r}
+    from jaxagent import types
     from jaxagent.envs import pool as pool_lib
-    p = pool_lib.EnvPool({spec!r}, num_workers=2)
+    p = pool_lib.EnvPool({spec!r}, num_workers=1, step_timeout=600)
+    p.reset([types.Task(id="a", intent="", site="", start_url="fake://a", max_steps=5)])
     print(p.marker, flush=True)
     {ending}
 """)
+_MID_STEP = "p.step([types.Action(types.ActionKind.WAIT)])"  # the env sleeps 600 s in step: mid-round
 
 
-@pytest.mark.parametrize("ending,sig", [("time.sleep(600)", signal.SIGTERM), ("time.sleep(600)", signal.SIGINT),
-                                        ("import os; os._exit(0)", None)])
+@pytest.mark.parametrize("ending,sig", [("time.sleep(600)", signal.SIGINT), (_MID_STEP, signal.SIGINT),
+                                        (_MID_STEP, signal.SIGTERM), ("os._exit(0)", None)])
 def test_parent_exit_leaves_no_process_behind(ending, sig):
-  code = _PARENT.format(path=sys.path, spec=SPEC, ending=ending)
+  code = _PARENT.format(path=sys.path, spec={**SPEC, "step_sleep": 600 if ending == _MID_STEP else 0},
+                        ending=ending)
   parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
   marker = parent.stdout.readline().strip()
-  assert marker and len(pool_lib.marked_pids(marker)) == 4  # two workers and their two helpers
+  assert marker and len(pool_lib.marked_pids(marker)) == 2  # the worker and its env's helper
   if sig is not None:
+    time.sleep(0.5)  # let the parent enter its sleep / its pool round
     parent.send_signal(sig)
   parent.wait(30)
   deadline = time.monotonic() + 5  # with os._exit the workers notice their orphaning within a second
