@@ -139,11 +139,12 @@ def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: 
   """Generate up to `config.max_new_tokens` for each row of a padded prompt batch (see module docstring).
 
   prompt_ids [B, T] int (or `prompt_embeds` [B, T, E] for a VLM's merged prompt); prompt_mask [B, T] bool.
+  The cache holds T + max_new_tokens slots. Callable inside an outer `jax.jit` too (`config` static).
   """
   if (prompt_ids is None) == (prompt_embeds is None):
     raise ValueError("sample: pass exactly one of prompt_ids or prompt_embeds")
   prompt_mask = jnp.asarray(prompt_mask, bool)
-  if not bool(jnp.all(jnp.any(prompt_mask, axis=1))):
+  if not isinstance(prompt_mask, jax.core.Tracer) and not bool(jnp.all(jnp.any(prompt_mask, axis=1))):
     raise ValueError("sample: every row of prompt_mask needs at least one real token")
   rng = jax.random.key(0) if rng is None else rng
   ids = None if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
