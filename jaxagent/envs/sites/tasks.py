@@ -285,11 +285,12 @@ def suite_summary(tasks: list[Task]) -> dict[str, dict[str, int]]:
   return {p: dict(sorted(c.items())) for p, c in sorted(table.items())}
 
 
-def write_suite(out_dir: str, seed: int = 0) -> dict[str, str]:
-  """Writes `<out_dir>/<profile>_<split>.jsonl` per profile and split; returns {name: path}."""
+def write_suite(out_dir: str, seed: int = 0, suite: dict[str, list[Task]] | None = None) -> dict[str, str]:
+  """Writes `<out_dir>/<profile>_<split>.jsonl` per profile and split (of `suite`, default `generate(seed)`);
+  returns {name: path}."""
   os.makedirs(out_dir, exist_ok=True)
   paths = {}
-  for split, tasks in generate(seed).items():
+  for split, tasks in (suite or generate(seed)).items():
     for profile in PROFILES:
       path = os.path.join(out_dir, f"{profile}_{split}.jsonl")
       with open(path, "w") as f:
