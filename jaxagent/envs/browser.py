@@ -20,6 +20,8 @@ Behaviour worth knowing:
   into something that is not a text box still types, and `obs.extra["warning"]` carries WebVoyager's `warn_obs`.
   `step` raises `BrowserCrashed` when the browser process or the page's renderer died; the next `reset`
   relaunches the browser (or just opens a fresh context, if only a renderer died).
+- `home` opens `task.meta["home_url"]` (the device launcher) or else the start page; `restart` opens the start
+  page (OpenWebVoyager's Restart, which went to google.com); `back` never leaves the start page for about:blank.
 - Coordinates: `normalized` points (AitW's touch points) are fractions of the screen the screenshot shows;
   unnormalised ones and element boxes are CSS px of the layout viewport (what `getBoundingClientRect` gives).
 """
