@@ -266,6 +266,7 @@ class EnvPool:
     self._generation = itertools.count()
     self._episodes: list[_Episode | None] = [None] * num_workers
     self._closed = False
+    self._in_round = False  # commands in flight: close() then kills at once instead of asking workers
     _install_exit_hooks()
     _LIVE_POOLS.add(self)
     self._workers = [self._start_worker(i) for i in range(num_workers)]
@@ -333,17 +334,18 @@ class EnvPool:
     self._closed = True
     _LIVE_POOLS.discard(self)
     workers = getattr(self, "_workers", [])
-    for w in workers:
-      try:
-        w.conn.send(("close", None))
-      except (OSError, ValueError):
-        pass
-    deadline = time.monotonic() + self.close_timeout
-    for w in workers:
-      try:
-        w.process.wait(max(0.0, deadline - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        pass
+    if not self._in_round:  # idle workers close their envs (browsers) themselves first
+      for w in workers:
+        try:
+          w.conn.send(("close", None))
+        except (OSError, ValueError):
+          pass
+      deadline = time.monotonic() + self.close_timeout
+      for w in workers:
+        try:
+          w.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+          pass
     for w in workers:
       self._kill(w)
     _kill_marked(self._id)
@@ -420,6 +422,7 @@ class EnvPool:
   def _run(self, commands: dict[int, tuple[str, Any]]) -> list[SlotResult | None]:
     results: list[SlotResult | None] = [None] * self.num_workers
     pending: dict[int, _Pending] = {}
+    self._in_round = True
     try:
       for slot, (cmd, arg) in commands.items():
         self._send(slot, cmd, arg, pending)
@@ -433,6 +436,8 @@ class EnvPool:
     except BaseException:  # Ctrl-C mid-round: answers are still in flight, the pool cannot be reused
       self.close()
       raise
+    finally:
+      self._in_round = False
     return results
 
   def _poll(self, slot: int, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
