@@ -605,6 +605,8 @@ class BrowserEnv:
 
   def _screen_to_page(self, x: float, y: float) -> tuple[float, float]:
     """A point on the screen (CSS px of the screenshot) -> input-event coordinates (layout viewport px)."""
+    if not self.profile.is_mobile:  # desktop pages are never zoomed: the two coincide
+      return x, y
     scale, left, top = self._page.evaluate(
         "() => { const v = window.visualViewport; return v ? [v.scale, v.offsetLeft, v.offsetTop] : [1, 0, 0]; }")
     return x / scale + left, y / scale + top
