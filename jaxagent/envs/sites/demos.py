@@ -18,6 +18,7 @@ from jaxagent.agents import openwebvoyager
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.pool import EnvPool
 from jaxagent.envs.sites import expert as expert_lib
+from jaxagent.envs.sites import server
 from jaxagent.judges import evaluators
 from jaxagent.rl.collector import collect
 from jaxagent.types import Task
@@ -41,10 +42,10 @@ def make_demos(tasks: Sequence[Task], out_dir: str, format_name: str = "openwebv
     policy = expert_lib.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob, seed=seed)
   else:
     policy = expert_lib.ScriptedExpert(format_name)
+  # One server in this process for all workers: the state stays readable after the pool is gone.
   spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile,
-          "observation": expert_lib.FORMAT_OBSERVATION[format_name], "oracle_targets": True}
-  if base_url:
-    spec["base_url"] = base_url
+          "observation": expert_lib.FORMAT_OBSERVATION[format_name], "oracle_targets": True,
+          "base_url": base_url or server.ensure_server(tasks[0].seed)}
   store = TrajectoryStore(os.path.join(out_dir, "store"))
   with EnvPool(spec, num_workers=workers, step_timeout=120, reset_timeout=120) as pool:
     trajs = collect(pool, policy, policy.fmt.parse, tasks, judge=evaluators.ProgrammaticJudge(), progress=False,
