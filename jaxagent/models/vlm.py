@@ -113,11 +113,18 @@ def check_image_tokens(input_ids, num_images: int, cfg: VLMConfig) -> None:
 class VLM(nnx.Module):
   """LLaVA-style VLM. `__call__` returns float32 logits [B, T, V] (and hidden states / cache like `Decoder`)."""
 
-  def __init__(self, cfg: VLMConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: VLMConfig, *, rngs: nnx.Rngs, vision_tower: vit.VisionTower | None = None,
+               decoder: llama.Decoder | None = None):
+    """`vision_tower` / `decoder`: parts built elsewhere (e.g. pretrained checkpoints, LLaVA's stage-1 start);
+    they must match `cfg`. Whatever is not given is initialised here."""
     self.config = cfg
-    self.vision_tower = vit.VisionTower(cfg.vision, rngs=rngs)
+    if vision_tower is not None and vision_tower.cfg != cfg.vision:
+      raise ValueError(f"VLM: vision_tower was built for {vision_tower.cfg}, not VLMConfig.vision={cfg.vision}")
+    if decoder is not None and decoder.config != cfg.text:
+      raise ValueError(f"VLM: decoder was built for {decoder.config}, not VLMConfig.text={cfg.text}")
+    self.vision_tower = vision_tower if vision_tower is not None else vit.VisionTower(cfg.vision, rngs=rngs)
     self.projector = Projector(cfg, rngs=rngs)
-    self.decoder = llama.Decoder(cfg.text, rngs=rngs)
+    self.decoder = decoder if decoder is not None else llama.Decoder(cfg.text, rngs=rngs)
 
   def image_features(self, images: jax.Array) -> jax.Array:
     """[N, H, W, 3] normalised images -> projected features [N, num_image_tokens, text width]."""

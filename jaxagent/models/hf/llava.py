@@ -20,9 +20,11 @@ import json
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxagent import sharding
 from jaxagent.models import llama, vit, vlm
 from jaxagent.models.hf import clip, io
 from jaxagent.models.hf import llama as hf_llama
@@ -142,6 +144,27 @@ def save_pretrained(model: vlm.VLM, config: vlm.VLMConfig, path, *, dtype=None, 
       src = os.path.join(os.fspath(processor_from), name)
       if os.path.exists(src) and os.path.abspath(src) != os.path.abspath(os.path.join(os.fspath(path), name)):
         shutil.copy(src, path)
+
+
+def from_pretrained_parts(vision_path, text_path, image_token_id: int, mesh=None, *, select_layer: int = -2,
+                          select_feature: str = "patch", seed: int = 0, rules=None, dtype="float32",
+                          param_dtype="float32") -> tuple[vlm.VLM, vlm.VLMConfig]:
+  """LLaVA's starting point: a pretrained CLIP or SigLIP tower and a pretrained Llama-family LM joined by a
+  freshly initialised projector. `image_token_id` must be in the LM's vocabulary (add it to the tokenizer and
+  resize first)."""
+  kind = clip.read_config(vision_path)
+  kind = (kind.get("vision_config") or kind).get("model_type", "")
+  from jaxagent.models.hf import siglip  # pylint: disable=g-import-not-at-top
+  tower_lib = siglip if kind.startswith("siglip") else clip
+  tower, vision_cfg = tower_lib.load_pretrained(vision_path, mesh, rules=rules, dtype=dtype, param_dtype=param_dtype,
+                                                select_layer=select_layer, select_feature=select_feature)
+  decoder, text_cfg = hf_llama.load_pretrained(text_path, mesh, dtype, param_dtype, rules=rules)
+  cfg = vlm.VLMConfig(vision=vision_cfg, text=text_cfg, image_token_id=image_token_id)
+  model = vlm.VLM(cfg, rngs=nnx.Rngs(seed), vision_tower=tower, decoder=decoder)
+  if mesh is not None:
+    state = nnx.state(model.projector)
+    nnx.update(model.projector, jax.device_put(state, sharding.state_shardings(state, mesh, rules)))
+  return model, cfg
 
 
 def image_preprocessing(path) -> vit.ImagePreprocessing:

@@ -294,3 +294,24 @@ def test_llava_loads_onto_an_8_device_mesh(llava_ckpt):
   with jax.set_mesh(mesh):
     got = np.asarray(forward(sharded, jnp.asarray(ids), jnp.asarray(pixels), jnp.asarray(mask)))
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_llava_from_pretrained_parts_joins_a_tower_and_a_decoder(clip_ckpt, tmp_path):
+  """LLaVA's stage-1 start: pretrained CLIP + pretrained Llama + fresh projector; exports as a LLaVA."""
+  hf_tower, tower_path = clip_ckpt
+  text = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)
+  hf_text = _randomise(transformers.LlamaForCausalLM(text), seed=5)
+  hf_text.save_pretrained(tmp_path / "text")
+  model, cfg = hf_llava.from_pretrained_parts(tower_path, tmp_path / "text", image_token_id=49)
+  assert cfg.vision.select_layer == -2 and cfg.text.num_layers == 1 and cfg.num_image_tokens == 16
+  x = _pixels(1, cfg.vision.image_size)
+  assert _rel_err(features(model.vision_tower, x), _hf_vision(hf_tower, x).hidden_states[-2][:, 1:]) < REL_TOL
+  ids = np.arange(1, 11)[None]
+  with torch.no_grad():
+    want = hf_text(torch.from_numpy(ids)).logits.numpy()
+  assert _rel_err(model(jnp.asarray(ids)), want) < REL_TOL
+  hf_llava.save_pretrained(model, cfg, tmp_path / "llava")
+  llava = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "llava").eval()
+  np.testing.assert_array_equal(llava.model.multi_modal_projector.linear_1.weight.detach().numpy(),
+                                np.asarray(model.projector.linear_1.kernel.get_value()).T)
