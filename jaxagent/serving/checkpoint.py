@@ -1,0 +1,208 @@
+"""Policy checkpoints for inference: a model, its tokenizer and how images reach it, from any place a run left them.
+
+`load_policy(path)` accepts
+  * a training workdir (`<workdir>/config.json` as `jaxagent.main` writes it, `<workdir>/tokenizer`,
+    `<workdir>/checkpoints/<step>`), or one step directory inside it; the model is rebuilt with the recipe's
+    own `build_model` and the latest (or given) step restored, optimizer state read and dropped;
+  * an exported policy (`export_policy`): a Hugging Face directory (`config.json` + safetensors, written by
+    `models/hf`) with the tokenizer files and `jaxagent_policy.json` (model kind, image preprocessing);
+  * any local Hugging Face Llama/Mistral/Qwen2 or LLaVA directory with its tokenizer.
+A workdir trained by calling `train_il` directly has no `config.json`: pass `config=` then.
+
+Everything is loaded onto one device (`jax.devices()[0]`): serving a tiny or mid-size policy does not need
+the training mesh, and the sampler's jit then compiles once per shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxagent import sharding
+from jaxagent.data.tokenizer import END_OF_UTTERANCE, IMAGE_TOKEN, load_tokenizer
+from jaxagent.models import vit
+
+POLICY_FILE = "jaxagent_policy.json"
+
+
+@dataclasses.dataclass
+class LoadedPolicy:
+  """What inference needs: the model, its tokenizer, and (VLMs) how to turn pixels into image tokens."""
+
+  model: nnx.Module  # llama.Decoder or vlm.VLM
+  tokenizer: Any  # a HF fast tokenizer with a chat template
+  kind: str  # "decoder" | "vlm"
+  name: str  # the model id `/v1/models` reports
+  preprocess: vit.ImagePreprocessing | None = None  # VLMs only
+  num_image_tokens: int = 0  # image-token ids each <image> placeholder expands to (VLMs)
+  source: str = ""
+
+  @property
+  def image_token_id(self) -> int:
+    return int(self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
+
+  @property
+  def eos_ids(self) -> tuple[int, ...]:
+    """The tokenizer's EOS and the end-of-turn token (a chat model's reply ends there)."""
+    ids = {self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids(END_OF_UTTERANCE)}
+    return tuple(sorted(int(i) for i in ids if i is not None and i != self.tokenizer.unk_token_id))
+
+  @property
+  def pad_id(self) -> int:
+    return int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+
+  @property
+  def context_length(self) -> int:
+    cfg = self.model.config
+    return int((cfg.text if self.kind == "vlm" else cfg).max_position_embeddings)
+
+
+def _one_device_mesh():
+  return sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+
+
+def _read_json(path: str) -> dict:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _is_workdir(path: str) -> bool:
+  return os.path.isdir(os.path.join(path, "checkpoints"))
+
+
+def _step_dir(path: str) -> tuple[str, int | None]:
+  """(workdir, step) for `<workdir>/checkpoints/<step>`; (path, None) otherwise."""
+  parent, leaf = os.path.split(os.path.normpath(path))
+  if leaf.isdigit() and os.path.basename(parent) == "checkpoints":
+    return os.path.dirname(parent), int(leaf)
+  return path, None
+
+
+def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
+  from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
+  from jaxagent.train.state import create_train_state  # pylint: disable=g-import-not-at-top
+
+  if config is None:
+    cfg_path = os.path.join(workdir, "config.json")
+    if not os.path.exists(cfg_path):
+      raise FileNotFoundError(f"{workdir} has checkpoints but no config.json (runs started with "
+                              "`python -m jaxagent.main` write it); pass config= to load_policy")
+    config = ml_collections.ConfigDict(_read_json(cfg_path))
+  tok_dir = os.path.join(workdir, "tokenizer")
+  tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
+  recipe = recipes.get(config.recipe) if config.get("recipe") else None
+  build_model = getattr(recipe, "build_model", None)
+  if build_model is None:
+    raise ValueError(f"recipe {config.get('recipe')!r} has no build_model(config, tokenizer); its checkpoints "
+                     "cannot be rebuilt for serving")
+  model_fn, _, num_image_tokens, preprocess = build_model(config, tokenizer)
+  tx, _ = make_optimizer(config.optim, int(config.train.steps))
+  state = create_train_state(model_fn, tx, _one_device_mesh())
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    restored = ckpt.restore(state.abstract_state(), jax.random.key(0), step)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint")
+  state.state = restored[0]
+  model = state.model()
+  kind = str(config.model.kind)
+  step_name = step if step is not None else "latest"
+  return LoadedPolicy(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
+                      preprocess=preprocess if kind == "vlm" else None,
+                      num_image_tokens=num_image_tokens if kind == "vlm" else 0, source=workdir)
+
+
+def _load_hf(path: str) -> LoadedPolicy:
+  hf = _read_json(os.path.join(path, "config.json"))
+  meta = _read_json(os.path.join(path, POLICY_FILE)) if os.path.exists(os.path.join(path, POLICY_FILE)) else {}
+  tokenizer = load_tokenizer(path)
+  mesh = _one_device_mesh()
+  name = meta.get("name") or os.path.basename(os.path.normpath(path))
+  if "vision_config" in hf:
+    from jaxagent.models.hf import llava  # pylint: disable=g-import-not-at-top
+    model, cfg = llava.load_pretrained(path, mesh)
+    if "preprocess" in meta:
+      preprocess = vit.ImagePreprocessing(**{k: tuple(v) if isinstance(v, list) else v
+                                             for k, v in meta["preprocess"].items()})
+    else:
+      preprocess = llava.image_preprocessing(path)
+    return LoadedPolicy(model, tokenizer, "vlm", name, preprocess, cfg.num_image_tokens, source=path)
+  from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
+  model, _ = hf_llama.load_pretrained(path, mesh)
+  return LoadedPolicy(model, tokenizer, "decoder", name, source=path)
+
+
+def load_policy(path: str, *, config=None, step: int | None = None) -> LoadedPolicy:
+  """The policy at `path` (a training workdir, one of its step directories, an export, or a HF directory)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"policy checkpoint {path!r} is not a directory")
+  workdir, step_in_path = _step_dir(path)
+  if _is_workdir(workdir):
+    return _load_workdir(workdir, step if step is not None else step_in_path, config)
+  if os.path.exists(os.path.join(path, "config.json")):
+    return _load_hf(path)
+  raise FileNotFoundError(f"{path!r} is neither a training workdir (checkpoints/) nor a Hugging Face / exported "
+                          "policy directory (config.json + safetensors)")
+
+
+def export_policy(source: str | LoadedPolicy, out_dir: str, *, config=None, name: str = "") -> str:
+  """Writes a self-contained serving directory: HF weights + config, tokenizer, `jaxagent_policy.json`.
+
+  `source`: a training workdir (or step directory) or an already loaded policy. The result loads with
+  `load_policy(out_dir)` and, being a HF directory, with `transformers` too.
+  """
+  policy = source if isinstance(source, LoadedPolicy) else load_policy(source, config=config)
+  os.makedirs(out_dir, exist_ok=True)
+  meta: dict[str, Any] = {"kind": policy.kind, "name": name or policy.name, "source": policy.source}
+  if policy.kind == "vlm":
+    from jaxagent.models.hf import llava  # pylint: disable=g-import-not-at-top
+    llava.save_pretrained(policy.model, policy.model.config, out_dir)
+    meta["preprocess"] = dataclasses.asdict(policy.preprocess)
+  else:
+    from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
+    hf_llama.save_pretrained(policy.model, policy.model.config, out_dir)
+  policy.tokenizer.save_pretrained(out_dir)
+  with open(os.path.join(out_dir, POLICY_FILE), "w", encoding="utf-8") as f:
+    json.dump(meta, f, indent=2)
+  return out_dir
+
+
+def random_policy(kind: str = "vlm", *, seed: int = 0, image_size: int = 32, tokenizer_dir: str | None = None,
+                  **decoder_overrides) -> LoadedPolicy:
+  """A randomly initialised tiny policy over the default tokenizer (tests, benchmarks, a server smoke run).
+
+  The shapes follow the IL recipe's defaults (`recipes.il.build_model`), so a random policy exercises the
+  same code paths as a trained one.
+  """
+  import dataclasses as dc  # pylint: disable=g-import-not-at-top
+
+  from jaxagent.models import llama, vlm  # pylint: disable=g-import-not-at-top
+
+  tokenizer = load_tokenizer(tokenizer_dir)
+  vocab = -(-len(tokenizer) // 64) * 64
+  dcfg = llama.DecoderConfig.tiny(**{
+      "vocab_size": vocab, "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32,
+      "intermediate_size": 256, "max_position_embeddings": 4096, "pad_token_id": tokenizer.pad_token_id,
+      "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, **decoder_overrides})
+  if kind == "decoder":
+    return LoadedPolicy(llama.init_decoder(dcfg, seed), tokenizer, "decoder", name=f"random-decoder-{seed}",
+                        source="random")
+  if kind != "vlm":
+    raise ValueError(f"random_policy kind={kind!r}; use 'decoder' or 'vlm'")
+  vcfg = vlm.VLMConfig.tiny(vocab, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), vision={"image_size": image_size},
+                            text=dc.asdict(dcfg))
+  preprocess = vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True)
+  return LoadedPolicy(vlm.init_vlm(vcfg, seed), tokenizer, "vlm", name=f"random-vlm-{seed}", preprocess=preprocess,
+                      num_image_tokens=vcfg.num_image_tokens, source="random")

@@ -1,0 +1,217 @@
+"""The inference engine: prompts (chat messages or text, with images) -> one jitted sampler call per batch.
+
+Rendering follows training exactly: chat messages go through the tokenizer's chat template (the template the
+IL data was rendered with), each `<image>` placeholder expands to the model's `num_image_tokens` image-token
+ids, and images are preprocessed as the IL pipeline does. Shapes are bucketed to powers of two (rows up to
+`max_batch`, prompt length from 64, new tokens from 16, images from 1) so a server compiles a handful of
+programs, not one per request; padded rows are one-token prompts whose output is dropped.
+
+Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but the
+sampler's settings are static under `jit`, so `generate` splits a batch by (temperature, top_p, top_k)
+and calls the sampler once per group. `stats()` counts requests, sampler calls, rows and tokens: the
+evidence that concurrent requests were batched.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.models import sampler
+from jaxagent.serving.checkpoint import LoadedPolicy
+
+
+class RequestError(ValueError):
+  """A request this engine cannot serve; the message names the field and the fix (the server's 400)."""
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+  """One prompt: HF-style chat messages (image parts carry arrays / PIL images) or a rendered string whose
+  `<image>` placeholders match `images` in order."""
+
+  prompt: str | list[dict[str, Any]]
+  images: Sequence[Any] = ()  # only with a string prompt
+  max_tokens: int = 256
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop: Sequence[str] = ()
+
+  def sampling_key(self) -> tuple[float, float, int]:
+    return (float(self.temperature), float(self.top_p), int(self.top_k))
+
+
+@dataclasses.dataclass
+class GenerationResult:
+  text: str
+  prompt_tokens: int
+  completion_tokens: int
+  finish_reason: str  # "stop" (EOS or a stop string) | "length"
+
+
+@dataclasses.dataclass
+class _Prepared:
+  request: GenerationRequest
+  ids: np.ndarray
+  pixels: np.ndarray | None  # [n, S, S, 3] preprocessed
+
+
+def _pow2(n: int, floor: int) -> int:
+  return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _message_images(messages: Sequence[dict[str, Any]]) -> list[Any]:
+  return [p["image"] for m in messages if not isinstance(m.get("content"), str)
+          for p in m["content"] if p.get("type") == "image"]
+
+
+class Engine:
+  """Batched generation over a `LoadedPolicy`. Thread-safe: concurrent `generate` calls run one at a time."""
+
+  def __init__(self, policy: LoadedPolicy, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
+               max_new_tokens: int = 512, seed: int = 0):
+    if max_batch < 1:
+      raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
+    self.policy = policy
+    self.max_batch = int(max_batch)
+    self.max_prompt_tokens = int(max_prompt_tokens or policy.context_length)
+    self.max_new_tokens = int(max_new_tokens)
+    self._key = jax.random.key(seed)
+    self._lock = threading.Lock()
+    self._stats_lock = threading.Lock()
+    self._stats = collections.Counter()
+    self._batch_sizes = collections.Counter()
+    self._shapes: set[tuple] = set()
+
+  # ---- rendering
+  def render(self, prompt: str | list[dict[str, Any]]) -> str:
+    """The text the model continues: chat messages through the chat template, a string as is."""
+    if isinstance(prompt, str):
+      return prompt
+    try:
+      return self.policy.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # pylint: disable=broad-except  # a template error is the caller's malformed input
+      raise RequestError(f"messages cannot be rendered with the chat template: {type(e).__name__}: {e}") from None
+
+  def prepare(self, request: GenerationRequest) -> _Prepared:
+    """Token ids (image placeholders expanded) and preprocessed pixels; raises RequestError."""
+    if request.max_tokens < 1 or request.max_tokens > self.max_new_tokens:
+      raise RequestError(f"max_tokens={request.max_tokens} must be in [1, {self.max_new_tokens}] (the server's "
+                         "--max-new-tokens)")
+    if request.temperature < 0 or not 0 < request.top_p <= 1 or request.top_k < 0:
+      raise RequestError(f"temperature={request.temperature} must be >= 0, top_p={request.top_p} in (0, 1], "
+                         f"top_k={request.top_k} >= 0")
+    text = self.render(request.prompt)
+    if isinstance(request.prompt, str):
+      images = list(request.images)
+      if text.count(IMAGE_TOKEN) != len(images):
+        raise RequestError(f"the prompt has {text.count(IMAGE_TOKEN)} {IMAGE_TOKEN} placeholder(s) but "
+                           f"{len(images)} image(s) were sent; send one image per placeholder, in order")
+    else:
+      images = _message_images(request.prompt)
+    tok = self.policy.tokenizer
+    ids = np.asarray(tok(text, add_special_tokens=isinstance(request.prompt, str))["input_ids"], np.int32)
+    pixels = None
+    if self.policy.kind == "vlm":
+      image_id = self.policy.image_token_id
+      if int(np.sum(ids == image_id)) != len(images):
+        raise RequestError(f"the rendered prompt holds {int(np.sum(ids == image_id))} image tokens for "
+                           f"{len(images)} images; do not write {IMAGE_TOKEN} in text parts")
+      ids = np.repeat(ids, np.where(ids == image_id, self.policy.num_image_tokens, 1)).astype(np.int32)
+      if images:
+        try:
+          pixels = self.policy.preprocess(images)
+        except (ValueError, OSError, TypeError) as e:
+          raise RequestError(f"an image cannot be read: {e}") from None
+    if len(ids) > self.max_prompt_tokens:
+      raise RequestError(f"the prompt has {len(ids)} tokens (images expanded) but this server accepts at most "
+                         f"{self.max_prompt_tokens}; shorten the conversation or send fewer images")
+    return _Prepared(request, ids, pixels)
+
+  # ---- generation
+  def generate(self, requests: Sequence[GenerationRequest | _Prepared]) -> list[GenerationResult]:
+    """One result per request, in order. Raises RequestError for a malformed request (before any sampling)."""
+    prepared = [r if isinstance(r, _Prepared) else self.prepare(r) for r in requests]
+    results: list[GenerationResult | None] = [None] * len(prepared)
+    groups: dict[tuple, list[int]] = collections.defaultdict(list)
+    for i, p in enumerate(prepared):
+      groups[p.request.sampling_key()].append(i)
+    for key, members in groups.items():
+      for start in range(0, len(members), self.max_batch):
+        chunk = members[start:start + self.max_batch]
+        for i, res in zip(chunk, self._generate_batch([prepared[i] for i in chunk], key)):
+          results[i] = res
+    with self._stats_lock:
+      self._stats["requests"] += len(prepared)
+    return results  # type: ignore[return-value]
+
+  def _generate_batch(self, batch: list[_Prepared], key: tuple[float, float, int]) -> list[GenerationResult]:
+    temperature, top_p, top_k = key
+    policy = self.policy
+    rows = _pow2(len(batch), 1)
+    width = _pow2(max(len(p.ids) for p in batch), 64)
+    new = min(_pow2(max(p.request.max_tokens for p in batch), 16), _pow2(self.max_new_tokens, 16))
+    config = sampler.SamplingConfig(max_new_tokens=new, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    eos_ids=policy.eos_ids, pad_id=policy.pad_id)
+    ids = np.full((rows, width), policy.pad_id, np.int32)
+    mask = np.zeros((rows, width), bool)
+    mask[:, 0] = True  # padding rows: a one-token prompt
+    for r, p in enumerate(batch):
+      ids[r, :len(p.ids)] = p.ids
+      mask[r, :len(p.ids)] = True
+    with self._lock:
+      self._calls = getattr(self, "_calls", 0) + 1
+      rng = jax.random.fold_in(self._key, self._calls)
+      t0 = time.perf_counter()
+      if policy.kind == "vlm":
+        from jaxagent.models import vlm  # pylint: disable=g-import-not-at-top
+        pix = [p.pixels for p in batch if p.pixels is not None]
+        side = policy.preprocess.crop_size or policy.preprocess.size
+        n_img = sum(len(x) for x in pix)
+        images = np.zeros((_pow2(n_img, 1), side, side, 3), np.float32)
+        if n_img:
+          images[:n_img] = np.concatenate(pix)
+        shape = (rows, width, new, len(images), key)
+        out = vlm.sample(policy.model, ids, mask, images, config, rng=rng)
+      else:
+        shape = (rows, width, new, 0, key)
+        out = sampler.sample(policy.model, ids, mask, config, rng=rng)
+      out = jax.device_get(out)
+      elapsed = time.perf_counter() - t0
+    results = []
+    for r, p in enumerate(batch):
+      n = min(int(out.lengths[r]), p.request.max_tokens)
+      tokens = out.tokens[r, :n].tolist()
+      hit_eos = n > 0 and tokens[-1] in policy.eos_ids
+      text = policy.tokenizer.decode(tokens, skip_special_tokens=True)
+      cut = sampler.truncate_at_stop(text, p.request.stop)
+      finish = "stop" if hit_eos or len(cut) < len(text) else "length"
+      results.append(GenerationResult(cut, len(p.ids), n, finish))
+    with self._stats_lock:
+      self._stats["sampler_calls"] += 1
+      self._stats["rows"] += len(batch)
+      self._stats["padded_rows"] += rows - len(batch)
+      self._stats["prompt_tokens"] += sum(len(p.ids) for p in batch)
+      self._stats["completion_tokens"] += sum(r.completion_tokens for r in results)
+      self._stats["sampler_seconds_x1000"] += int(elapsed * 1000)
+      self._batch_sizes[len(batch)] += 1
+      self._shapes.add(shape)
+    return results
+
+  def stats(self) -> dict[str, Any]:
+    with self._stats_lock:
+      out = {k: int(v) for k, v in self._stats.items() if k != "sampler_seconds_x1000"}
+      out.setdefault("requests", 0)
+      out.setdefault("sampler_calls", 0)
+      out["sampler_seconds"] = self._stats["sampler_seconds_x1000"] / 1000
+      out["batch_sizes"] = {str(k): v for k, v in sorted(self._batch_sizes.items())}
+      out["distinct_shapes"] = len(self._shapes)
+    return out
