@@ -14,6 +14,7 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 Tree = TypeVar("Tree")
 
@@ -33,3 +34,9 @@ def polyak_update(target: Tree, online: Tree, tau: float) -> Tree:
 def init_target(online: Tree) -> Tree:
   """A target network that starts equal to the online one, in its own buffers (Digi-Q deep-copies the critic)."""
   return jax.tree.map(jnp.array, online)
+
+
+def soft_update(target: nnx.Module, online: nnx.Module, tau: float) -> None:
+  """In place on NNX modules: the target's parameters ← polyak_update(target, online, τ)
+  (`digiq/models/autoui_agent.py:soft_update_target_critic`). Works inside `nnx.jit`."""
+  nnx.update(target, polyak_update(nnx.state(target, nnx.Param), nnx.state(online, nnx.Param), tau))

@@ -3,12 +3,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from jaxagent import sharding
 from jaxagent.models import critic as C
-from jaxagent.rl import losses
+from jaxagent.rl import losses, targets
 
 TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": '
        '"[0.7761, 0.7089]", "lift_point": "[0.7761, 0.7089]", "typed_text": ""')
@@ -208,3 +209,31 @@ def test_best_of_n_weights_from_the_critic(model):
   np.testing.assert_array_equal(idx, idx2)
   np.testing.assert_allclose(adv, adv2, rtol=1e-5)
   np.testing.assert_array_equal(w, (np.clip(adv2, 0, 1) > 0).astype(np.float32))
+
+
+def test_td_training_with_a_target_network_recovers_discounted_values(model):
+  """A two-step chain s0 -(r=0)-> s1 -(r=1, done)-> end: the §5.4 fixed point is Q(s1)=V(s1)=1 and
+  Q(s0)=V(s0)=γ. Adam on td_loss with a Polyak-averaged target (τ = 0.1 every step) must reach it."""
+  cfg = model.cfg
+  online = nnx.clone(model)
+  target = nnx.clone(model)
+  states = _batch(cfg, [TAP, TAP], seed=5)
+  states["q_rep"] = states["image_features"]  # (s, a) rep: one per state
+  # s0's successor is s1 (all of its state fields); s1's successor is never read (done)
+  next_state = {k: states[k][jnp.array([1, 1])] for k in ("goal", "prev_type", "prev_text", "image_features")}
+  r, done, gamma = jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0]), 0.95
+  opt = nnx.Optimizer(online, optax.adam(3e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(online, target, opt):
+    loss, grads = nnx.value_and_grad(lambda m: C.td_loss(m, target, states, next_state, r, done, gamma)[0])(online)
+    opt.update(online, grads)
+    targets.soft_update(target, online, 0.1)
+    return loss
+
+  for _ in range(300):
+    loss = train_step(online, target, opt)
+  q1, q2, v1, v2 = online(states)
+  for head in (q1, q2, v1, v2):
+    np.testing.assert_allclose(head[:, 0], [gamma, 1.0], atol=0.03)
+  assert float(loss) < 1e-3
