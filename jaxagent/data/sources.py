@@ -74,8 +74,8 @@ class StepSource:
     self._reader = _EpisodeReader(store)
     self.with_images = with_images
     self.index: list[tuple[int, int]] = []
-    for e in self._reader.store.indices(success, where):
-      self.index.extend((e, t) for t in range(len(self._reader.episode(e).steps)))
+    for e, traj in self._reader.store.scan(success, where):
+      self.index.extend((e, t) for t in range(len(traj.steps)))
 
   def __len__(self) -> int:
     return len(self.index)

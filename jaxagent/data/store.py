@@ -122,7 +122,7 @@ def _write_png(path: str, image: np.ndarray) -> None:
 
 
 class TrajectoryStore:
-  """`TrajectoryStore(path)`: `append(traj)`, `len`, iteration, `read(i)`, `load_image(rel)`, `indices(...)`.
+  """`TrajectoryStore(path)`: `append(traj)`, `len`, iteration, `read(i)`, `load_image(rel)`, `scan`/`indices`/`filter`.
 
   Several processes may append to and read one store at once. Readers see a consistent prefix: a reader's
   `len` grows as writers commit (it re-indexes only the bytes appended since it last looked).
@@ -261,20 +261,23 @@ class TrajectoryStore:
         removed.append(name)
     return removed
 
-  def indices(self, success: bool | None = None,
-              where: Callable[[types.Trajectory], bool] | None = None) -> list[int]:
-    """Episodes by judged success (True: success >= 0.5; False: judged and failed; None: all) and/or `where`."""
-    out = []
+  def scan(self, success: bool | None = None,
+           where: Callable[[types.Trajectory], bool] | None = None) -> Iterator[tuple[int, types.Trajectory]]:
+    """(index, episode) pairs by judged success (True: success >= 0.5; False: judged and failed; None: all)
+    and/or a predicate `where`."""
     for i in range(len(self)):
       traj = self.read(i)
       if success is not None and (traj.success is None or (traj.success >= 0.5) != success):
         continue
       if where is not None and not where(traj):
         continue
-      out.append(i)
-    return out
+      yield i, traj
+
+  def indices(self, success: bool | None = None,
+              where: Callable[[types.Trajectory], bool] | None = None) -> list[int]:
+    return [i for i, _ in self.scan(success, where)]
 
   def filter(self, success: bool | None = None,
              where: Callable[[types.Trajectory], bool] | None = None) -> Iterator[types.Trajectory]:
-    for i in self.indices(success, where):
-      yield self.read(i)
+    for _, traj in self.scan(success, where):
+      yield traj
