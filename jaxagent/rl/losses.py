@@ -46,7 +46,12 @@ def sequence_logprob(logp_tok: jax.Array, mask: jax.Array, clamp_prob: tuple[flo
   if clamp_prob is not None:
     lo, hi = clamp_prob
     logp_tok = jnp.log(jnp.clip(jnp.exp(logp_tok), lo, hi))
-  return jnp.sum(logp_tok * mask, axis=-1)
+  return _masked_sum(logp_tok, mask)
+
+
+def _masked_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Σ_t over real tokens; `where`, not `x * mask`, so a −inf log-prob on padding cannot turn into NaN."""
+  return jnp.sum(jnp.where(jnp.asarray(mask) > 0, x, 0.0), axis=-1)
 
 
 def bc_nll(logp_tok: jax.Array, mask: jax.Array, weights: jax.Array | None = None,
@@ -87,7 +92,8 @@ def head_value(out: jax.Array, learn_metric: str = "regression") -> jax.Array:
 
 
 def reduce_heads(values: jax.Array, how: str) -> jax.Array:
-  """Aggregate a trailing double-head axis: `min` (DigiRL, WebRL: pessimistic) or `max` (Digi-Q code, §5.5)."""
+  """Aggregate a trailing double-head axis: `min` (DigiRL, WebRL: pessimistic, §4.7, §3.8) or `max` (Digi-Q code,
+  §5.5: `torch.maximum(q1, q2)`, `digiq/algorithms/digiq/trainer.py:actor_loss`); `mean` for experiments."""
   _check_choice("head_reduce", how, ("min", "max", "mean"))
   return {"min": jnp.min, "max": jnp.max, "mean": jnp.mean}[how](values, axis=-1)
 
@@ -115,7 +121,9 @@ def value_ce_double(logits1: jax.Array, logits2: jax.Array, label: jax.Array) ->
 
 
 def double_value_prob(logits1: jax.Array, logits2: jax.Array, reduce: str = "min") -> jax.Array:
-  """V(s) = reduce(softmax(h1)[1], softmax(h2)[1]); DigiRL/WebRL use `min` (§4.7, §3.8)."""
+  """V(s) = reduce(softmax(h1)[1], softmax(h2)[1]); DigiRL/WebRL use `min` (§4.7, §3.8;
+  `digirl/algorithms/digirl/trainer.py:actor_loss`, `webrl/algorithms/webrl/trainer.py:actor_loss`:
+  `torch.minimum(softmax(v1)[:, 1], softmax(v2)[:, 1])`)."""
   v = jnp.stack([head_value(logits1, "classification"), head_value(logits2, "classification")], -1)
   return reduce_heads(v, reduce)
 
@@ -334,8 +342,8 @@ def webrl_actor_loss_code(logp_tok: jax.Array, ref_logp_tok: jax.Array, mask: ja
   mask = jnp.asarray(mask, jnp.float32)
   adv_hat = jnp.where(_sg(adv) >= 0, 1.0, -0.6)
   n_tok = jnp.sum(mask, axis=-1)
-  lp = jnp.sum(logp_tok * mask, axis=-1)
-  lp_ref = _sg(jnp.sum(ref_logp_tok * mask, axis=-1))
+  lp = _masked_sum(logp_tok, mask)
+  lp_ref = _sg(_masked_sum(ref_logp_tok, mask))
   p_ref = jnp.exp(lp_ref / n_tok)
   beta0 = jnp.where(((adv_hat >= 0) & (p_ref >= 0.8)) | ((adv_hat < 0) & (p_ref < 0.9)), 5.0, 1.0)
   sample_mask = (adv_hat > 0).astype(jnp.float32)
@@ -364,7 +372,7 @@ def webrl_rank_score(logp_tok: jax.Array, mask: jax.Array) -> jax.Array:
   """rank_score = exp(Σ_t log π(a_t|s))^(1/n) — geometric-mean token probability = 1/perplexity
   (§3.9; `scripts/process_data.py:process_data_chunk`)."""
   mask = jnp.asarray(mask, jnp.float32)
-  return jnp.exp(jnp.sum(logp_tok * mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1.0))
+  return jnp.exp(_masked_sum(logp_tok, mask) / jnp.maximum(jnp.sum(mask, -1), 1.0))
 
 
 def perplexity_replay_filter(rank_score: jax.Array, lo: float = 0.5, hi: float = 0.95) -> jax.Array:

@@ -168,6 +168,10 @@ def test_bc_nll_clamp_and_normalisation_hand_computed():
   g = jax.grad(lambda lp: L.bc_nll(lp, mask, w, clamp_prob=L.AUTOUI_PROB_CLAMP))(logp)
   assert g[0, 1] == 0 and g[0, 2] == 0 and g[1, 0] == 0
   np.testing.assert_allclose(g[1, 1], -1.0, rtol=1e-5)  # d/dlogp of -(2 * logp)/2
+  # padding may hold -inf (log 0): it must neither poison the loss nor its gradient
+  padded = logp.at[0, 2].set(-jnp.inf)
+  np.testing.assert_allclose(L.bc_nll(padded, mask, w), L.bc_nll(logp, mask, w), rtol=1e-6)
+  assert bool(jnp.all(jnp.isfinite(jax.grad(lambda lp: L.bc_nll(lp, mask, w))(padded))))
 
 
 # ------------------------------------------------------------------------------------------- DigiRL

@@ -50,3 +50,13 @@ def test_init_target_is_an_independent_copy():
   target = targets.init_target(online)
   np.testing.assert_array_equal(target["w"], online["w"])
   assert target["w"] is not online["w"]
+
+
+def test_soft_update_moves_module_parameters_in_place():
+  online = critic_lib.MLPHead(2, (3,), 1, rngs=nnx.Rngs(0))
+  target = critic_lib.MLPHead(2, (3,), 1, rngs=nnx.Rngs(1))
+  before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(target, nnx.Param))]
+  targets.soft_update(target, online, 0.1)
+  after = jax.tree.leaves(nnx.state(target, nnx.Param))
+  for a, b, o in zip(after, before, jax.tree.leaves(nnx.state(online, nnx.Param))):
+    np.testing.assert_allclose(a, 0.9 * b + 0.1 * np.asarray(o), rtol=1e-5, atol=1e-7)
