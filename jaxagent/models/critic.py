@@ -17,6 +17,9 @@ needed and the critic trains on a CPU. The text fields themselves are extracted 
 (`critic_text_fields`): goal from `Goal: (.*?)</s>`, the previous action from `Previous Actions: (.*?)Goal:`,
 action type and typed text from the `"key": "value"` pairs, the raw string for both when the action does
 not parse.
+
+On top of the module: `td_loss` (the §5.4 critic loss with a target critic) and `best_of_n` (the §5.5
+candidate re-ranking and actor weights), both wiring the pure functions of `jaxagent.rl.losses`.
 """
 
 from __future__ import annotations
