@@ -84,6 +84,10 @@ class ScriptedExpert:
 
   def act_one(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> str:
     action, thought = self.next_action(obs, history, slot)
+    if self.format_name == "autoui":
+      thought = ""  # AutoUI's "Action Plan" lists action types, not prose; render fills in the action's own
+    elif self.format_name == "webrl":
+      thought = f"Note: {thought}"  # WebRL's comment line convention (`# Element:` / `# Note:`, §3.3)
     return self.fmt.render(action, thought)
 
   def next_action(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> tuple[Action, str]:
