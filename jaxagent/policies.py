@@ -1,0 +1,180 @@
+"""Acting policies: the local Flax model (`ModelPolicy`) and any OpenAI-compatible endpoint (`OpenAIPolicy`).
+
+Both implement `types.Policy`: a batch of observations with each episode's history -> one model text per
+row, which the rollout collector parses with the same agent format. The prompt is the agent format's
+(`agents.get_format(name).build_prompt`), so the model sees exactly what the format's original saw.
+
+`OpenAIPolicy` is OpenWebVoyager's data collector: GPT-4o (or any OpenAI-compatible model, including
+`python -m jaxagent.serve`) driving the WebVoyager prompt with history clipped to the last 3 screenshots
+(`webvoyager.clip_message_and_obs`), `max_tokens=1000`, `seed=42`, the API's default temperature 1
+(WebVoyager's `run.py` parses `--temperature` but never sends it, `reference/algorithms.md` §1.4).
+Requests go through `judges.llm.LLMJudge.complete`: retries with backoff on 429/5xx/timeouts, token and
+cost accounting, keys from `judges.secrets` only (never in the config), redacted errors.
+
+History images: during a rollout the collector keeps each step's screenshot on `Step.observation`, not
+on disk (`Step.image_path` is set when a store writes it); both are used, so earlier turns keep their
+screenshots until clipping drops them, as in the original.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+from jaxagent.agents import get_format
+from jaxagent.agents.base import AgentFormat
+from jaxagent.types import Observation, Step
+
+log = logging.getLogger(__name__)
+
+
+def history_with_images(history: Sequence[Step]) -> list[Step]:
+  """`history` where a step without `image_path` carries its in-memory screenshot in that field instead
+  (agent formats accept an array or a path as an image)."""
+  out = []
+  for step in history:
+    shot = step.observation.screenshot if step.observation is not None else None
+    if not step.image_path and shot is not None:
+      step = dataclasses.replace(step, image_path=shot)
+    out.append(step)
+  return out
+
+
+def build_prompts(fmt: AgentFormat, observations: Sequence[Observation], histories: Sequence[list[Step]]):
+  """The agent format's prompt for each row (the task is the observation's intent, its URL the start page)."""
+  if len(observations) != len(histories):
+    raise ValueError(f"act: {len(observations)} observations but {len(histories)} histories")
+  return [fmt.build_prompt(obs.intent, obs, history_with_images(hist))
+          for obs, hist in zip(observations, histories)]
+
+
+def _format(agent_format: str | AgentFormat, **kwargs) -> AgentFormat:
+  return agent_format if isinstance(agent_format, AgentFormat) else get_format(agent_format, **kwargs)
+
+
+# ------------------------------------------------------------------------------------- local model
+
+
+class ModelPolicy:
+  """The local Flax policy: every row's prompt rendered by the agent format, all rows in one sampler call.
+
+  `engine`: a `serving.engine.Engine` (or a `LoadedPolicy`, wrapped in one). Sampling settings are the
+  config's (`temperature`, `top_p`, `top_k`, `max_tokens`, `stop`); rows share one batch, so a single
+  `act` is one sampler call.
+  """
+
+  def __init__(self, engine, agent_format: str | AgentFormat, *, temperature: float = 1.0, top_p: float = 1.0,
+               top_k: int = 0, max_tokens: int = 256, stop: Sequence[str] = (), max_batch: int = 64):
+    from jaxagent.serving.checkpoint import LoadedPolicy  # pylint: disable=g-import-not-at-top
+    from jaxagent.serving.engine import Engine  # pylint: disable=g-import-not-at-top
+
+    if isinstance(engine, LoadedPolicy):
+      engine = Engine(engine, max_batch=max_batch, max_new_tokens=max(max_tokens, 16))
+    self.engine = engine
+    self.fmt = _format(agent_format)
+    self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, stop=tuple(stop))
+
+  @classmethod
+  def from_checkpoint(cls, path: str, agent_format: str | AgentFormat, **kwargs) -> "ModelPolicy":
+    from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
+    return cls(load_policy(path), agent_format, **kwargs)
+
+  def act(self, observations: Sequence[Observation], histories: Sequence[list[Step]]) -> list[str]:
+    from jaxagent.serving.engine import GenerationRequest  # pylint: disable=g-import-not-at-top
+
+    prompts = build_prompts(self.fmt, observations, histories)
+    results = self.engine.generate([GenerationRequest(prompt=p, **self.sampling) for p in prompts])
+    return [r.text for r in results]
+
+
+# ------------------------------------------------------------------------------- OpenAI-compatible
+
+
+@dataclasses.dataclass
+class OpenAIPolicyConfig:
+  """Where the acting model lives. No key here: `api_key_env` / `api_key_file` say where to find it."""
+
+  base_url: str = ""  # "" -> $OPENAI_BASE_URL or the OpenAI API
+  model: str = "gpt-4o"
+  agent_format: str = "webvoyager_actree_image"  # OpenWebVoyager's GPT-4o teacher; "webvoyager" for SoM
+  max_attached_imgs: int = 3
+  api_key_env: str = "OPENAI_API_KEY"
+  api_key_file: str = ""
+  max_tokens: int = 1000
+  temperature: float = 1.0  # the API default WebVoyager ran at
+  seed: int | None = 42
+  timeout_s: float = 120.0
+  max_retries: int = 6
+  concurrency: int = 8  # rows asked in parallel
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> "OpenAIPolicyConfig":
+    d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"OpenAI policy config: unknown key(s) {unknown}; valid keys are {sorted(names)}")
+    return cls(**d)
+
+
+class OpenAIPolicy:
+  """Any OpenAI-compatible chat model as the acting agent (see the module docstring).
+
+  A row whose request fails after all retries gets the empty text, which the format parses as its Format
+  ERROR (the episode goes on, with the feedback in the next observation); the failure is counted in
+  `stats.failures` and logged, redacted.
+  """
+
+  def __init__(self, config: OpenAIPolicyConfig | dict | Any = None, client: Any = None):
+    from jaxagent.judges.llm import LLMJudge, LLMJudgeConfig  # pylint: disable=g-import-not-at-top
+
+    self.config = config if isinstance(config, OpenAIPolicyConfig) else OpenAIPolicyConfig.from_config(config or {})
+    c = self.config
+    try:
+      self.fmt = _format(c.agent_format, max_attached_imgs=c.max_attached_imgs)
+    except TypeError:
+      raise ValueError(f"OpenAIPolicy needs a chat agent format that clips screenshot history (e.g. "
+                       f"'webvoyager_actree_image', 'webvoyager'); {c.agent_format!r} takes no max_attached_imgs"
+                       ) from None
+    self._completer = LLMJudge(LLMJudgeConfig(
+        base_url=c.base_url, model=c.model, api_key_env=c.api_key_env, api_key_file=c.api_key_file,
+        max_tokens=c.max_tokens, temperature=c.temperature, seed=c.seed, timeout_s=c.timeout_s,
+        max_retries=c.max_retries, concurrency=c.concurrency, cache_dir=""), client=client)
+
+  @property
+  def stats(self):
+    """Requests, retries by cause, failures, tokens and cost (`judges.llm.JudgeStats`)."""
+    return self._completer.stats
+
+  def _one(self, messages) -> str:
+    from jaxagent.judges.llm import JudgeUnavailable  # pylint: disable=g-import-not-at-top
+    try:
+      return self._completer.complete(messages)
+    except JudgeUnavailable as e:
+      log.warning("OpenAIPolicy: no reply (%s); the row acts on an empty text", e)
+      return ""
+
+  def act(self, observations: Sequence[Observation], histories: Sequence[list[Step]]) -> list[str]:
+    prompts = build_prompts(self.fmt, observations, histories)
+    for p in prompts:
+      if isinstance(p, str):
+        raise ValueError(f"OpenAIPolicy needs a chat agent format; {self.fmt.name!r} builds completion prompts")
+    if len(prompts) == 1:
+      return [self._one(prompts[0])]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(self.config.concurrency, len(prompts)))) as ex:
+      return list(ex.map(self._one, prompts))
+
+
+def make_policy(config: Any):
+  """`{"kind": "model", "checkpoint": DIR, "agent_format": ..., sampling...}` or `{"kind": "openai", ...}`."""
+  d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+  kind = d.pop("kind", "model")
+  if kind == "openai":
+    return OpenAIPolicy(OpenAIPolicyConfig.from_config(d))
+  if kind == "model":
+    if "checkpoint" not in d or "agent_format" not in d:
+      raise ValueError("a model policy config needs 'checkpoint' (a policy directory) and 'agent_format'")
+    return ModelPolicy.from_checkpoint(d.pop("checkpoint"), d.pop("agent_format"), **d)
+  raise ValueError(f"policy kind {kind!r} is unknown; use 'model' or 'openai'")
