@@ -286,7 +286,8 @@ def digirl_advantage_code(v: jax.Array, v_next: jax.Array, r: jax.Array, mc_retu
 
 
 def digirl_weights_code(adv: jax.Array) -> jax.Array:
-  """w = 1[clamp(A, 0, 1) > 0]   (§4.7) — the hard filter of DigiRL's 'AWR'."""
+  """w = 1[clamp(A, 0, 1) > 0]   (§4.7; `digirl/algorithms/digirl/trainer.py:actor_loss`:
+  `(torch.clamp(advantage, 0, 1) > 0)`) — the hard filter of DigiRL's 'AWR'."""
   return (jnp.clip(_sg(adv), 0.0, 1.0) > 0).astype(jnp.float32)
 
 
