@@ -38,6 +38,8 @@ setup(
     extras_require={
         "cuda12": ["jax[cuda12]>=0.10"],
         "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
-        "bench": ["browsergym-miniwob", "torch==2.13.0"],
+        # BrowserGym (benchmarks/env_throughput.py's reference) pins an older Playwright: install it with
+        # --no-deps as that benchmark's docstring says, not through an extra.
+        "bench": ["torch==2.13.0"],
     },
 )
