@@ -53,29 +53,53 @@ def _round_up(n: int, k: int = 64) -> int:
 
 
 def build_model(config, tokenizer):
-  """(model_fn, training FLOPs per token, image tokens per image, image preprocessing) for `config.model`."""
+  """((model_fn, training FLOPs per token, image tokens per image, image preprocessing), pretrained loader or
+  None) for `config.model`; with `hf_checkpoint` the model starts from that local HF directory."""
   mcfg, seq_len = config.model, config.data.seq_len
   if mcfg.hf_checkpoint:
-    raise NotImplementedError(
-        "config.model.hf_checkpoint: starting IL from a Hugging Face checkpoint is not wired into the IL recipe "
-        "yet; leave it empty to train the built-in model")
+    return _hf_model(config)
   dcfg = DecoderConfig.tiny(**{
       **dict(mcfg.decoder), "vocab_size": _round_up(len(tokenizer)),
       "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
   if mcfg.kind == "decoder":
-    return (lambda: init_decoder(dcfg, int(config.seed))), mfu.decoder_flops_per_token(dcfg, seq_len), 1, None
+    return ((lambda: init_decoder(dcfg, int(config.seed))), mfu.decoder_flops_per_token(dcfg, seq_len), 1,
+            None), None
   if mcfg.kind == "vlm":
     vcfg = VLMConfig.tiny(dcfg.vocab_size, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
                           vision={"image_size": config.data.image_size, **mcfg.vision},
                           text=dataclasses.asdict(dcfg))
-    # Every sample carries max_images image slots (padding included), all run through the tower.
-    e_v, e_t = vcfg.vision.width, vcfg.text.hidden_size
-    per_image = mfu.vit_flops_per_image(vcfg.vision) + 6 * vcfg.num_image_tokens * (e_v * e_t + e_t * e_t)
-    flops = mfu.decoder_flops_per_token(vcfg.text, seq_len) + config.data.max_images / seq_len * per_image
+    flops = _vlm_flops(vcfg, config)
     preprocess = ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True)
-    return (lambda: init_vlm(vcfg, int(config.seed))), flops, vcfg.num_image_tokens, preprocess
+    return ((lambda: init_vlm(vcfg, int(config.seed))), flops, vcfg.num_image_tokens, preprocess), None
   raise ValueError(f"config.model.kind={mcfg.kind!r}; use 'decoder' or 'vlm'")
+
+
+def _hf_model(config):
+  """`build_model` for `config.model.hf_checkpoint`: architecture from its config.json, weights loaded
+  (straight into their shardings) only when a fresh run starts."""
+  from jaxagent.models.hf import llama as hf_llama, llava as hf_llava  # pylint: disable=g-import-not-at-top
+  from jaxagent import sharding  # pylint: disable=g-import-not-at-top
+  path, seq_len = config.model.hf_checkpoint, config.data.seq_len
+  mesh = sharding.make_mesh(dict(config.mesh))
+  if config.model.kind == "decoder":
+    dcfg = DecoderConfig.from_hf(hf_llama.read_config(path))
+    load = lambda: hf_llama.load_pretrained(path, mesh)[0]
+    return ((lambda: init_decoder(dcfg, 0)), mfu.decoder_flops_per_token(dcfg, seq_len), 1, None), load
+  if config.model.kind == "vlm":
+    vcfg = hf_llava.config_from_hf(hf_llama.read_config(path))
+    load = lambda: hf_llava.load_pretrained(path, mesh)[0]
+    return ((lambda: init_vlm(vcfg, 0)), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
+            ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True)), load
+  raise ValueError(f"config.model.kind={config.model.kind!r}; use 'decoder' or 'vlm'")
+
+
+def _vlm_flops(vcfg, config) -> float:
+  """Training FLOPs per text token; every sample carries max_images image slots, all run through the tower."""
+  e_v, e_t = vcfg.vision.width, vcfg.text.hidden_size
+  per_image = mfu.vit_flops_per_image(vcfg.vision) + 6 * vcfg.num_image_tokens * (e_v * e_t + e_t * e_t)
+  seq_len = config.data.seq_len
+  return mfu.decoder_flops_per_token(vcfg.text, seq_len) + config.data.max_images / seq_len * per_image
 
 
 def load_items(config, workdir: str) -> list[dict]:
@@ -108,11 +132,11 @@ def train_il(config, workdir: str, dataset: list[dict] | None = None) -> str:
   The tokenizer is saved to `<workdir>/tokenizer` so the run directory is self-contained.
   """
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = load_tokenizer(config.data.tokenizer or None)
+  tokenizer = load_tokenizer(config.data.tokenizer or config.model.hf_checkpoint or None)
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
   items = [conversation.validate(x) for x in dataset] if dataset is not None else load_items(config, workdir)
-  model_fn, flops_per_token, num_image_tokens, preprocess = build_model(config, tokenizer)
+  (model_fn, flops_per_token, num_image_tokens, preprocess), pretrained = build_model(config, tokenizer)
   encode = pipeline.EncodeSample(tokenizer, config.data.seq_len, num_image_tokens, preprocess,
                                  preprocess.crop_size or preprocess.size if preprocess else 0,
                                  config.data.max_images)
@@ -127,7 +151,7 @@ def train_il(config, workdir: str, dataset: list[dict] | None = None) -> str:
 
   return loop.train(config, workdir, model_fn=model_fn, loss_fn=il_loss, dataset=ds,
                     flops_per_token=flops_per_token, on_start=on_start,
-                    read_options=pipeline.read_options(config.data.num_threads))
+                    read_options=pipeline.read_options(config.data.num_threads), pretrained=pretrained)
 
 
 def run(config, workdir: str) -> None:

@@ -26,7 +26,7 @@ from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.metrics import MetricWriter
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.profiler import ProfileWindow
-from jaxagent.train.state import TrainState, create_train_state
+from jaxagent.train.state import TrainState, create_train_state, create_train_state_from_model
 from jaxagent.train.step import LossFn, build_train_step, put_batch
 
 
@@ -38,9 +38,13 @@ def _rules(config):
 def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: LossFn,
           dataset: grain.MapDataset, flops_per_token: float | None = None,
           on_start: Callable[[MetricWriter, TrainState], None] | None = None,
-          read_options: grain.ReadOptions | None = None) -> str:
+          read_options: grain.ReadOptions | None = None,
+          pretrained: Callable[[], nnx.Module] | None = None) -> str:
   """Trains for `config.train.steps` optimizer steps (resuming from `workdir`'s latest checkpoint).
 
+  `model_fn()` builds the model from its seed (deterministic; run inside `jax.jit` with sharded outputs).
+  `pretrained()`, if given, returns the starting model of a fresh run (e.g. loaded from a Hugging Face
+  checkpoint); a resumed run skips it, as the checkpoint holds the weights.
   `flops_per_token`: analytic training FLOPs per input token (`mfu.transformer_flops_per_token`), for MFU.
   Returns the path of the final checkpoint.
   """
@@ -49,10 +53,15 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   mesh = sharding.make_mesh(dict(config.mesh))
   rules = _rules(config)
   tx, schedule = make_optimizer(config.optim, total)
-  ts = create_train_state(model_fn, tx, mesh, rules)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  resuming = os.path.isdir(ckpt_dir) and any(p.isdigit() for p in os.listdir(ckpt_dir))
+  if pretrained is not None and not resuming:
+    ts = create_train_state_from_model(pretrained(), tx, mesh, rules)
+  else:
+    ts = create_train_state(model_fn, tx, mesh, rules)
   rng = jax.random.key(int(config.seed))
 
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=config.checkpoint.every,
+  ckpt = Checkpointer(ckpt_dir, every=config.checkpoint.every,
                       keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
   data_iter = iter(dataset.to_iter_dataset(read_options))
   restored = ckpt.restore(ts.abstract_state(), rng)

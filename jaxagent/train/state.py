@@ -61,3 +61,26 @@ def create_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTra
   with jax.set_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)()
   return TrainState(graphdef, state, shardings)
+
+
+def create_train_state_from_model(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh,
+                                  rules=None) -> TrainState:
+  """A train state around an existing model (e.g. loaded from a Hugging Face checkpoint, already sharded).
+
+  The optimizer state is initialised inside `jax.jit` with sharded outputs, and the model's arrays are
+  resharded to the rules' layout if they were placed differently.
+  """
+  model_def, model_state = nnx.split(model)
+
+  def build():
+    return _model_and_optimizer(lambda: nnx.merge(model_def, model_state), tx)
+
+  graphdef, abstract_state = nnx.split(nnx.eval_shape(build))
+  shardings = sharding.state_shardings(abstract_state, mesh, rules)
+
+  def init(params):
+    return nnx.split(_model_and_optimizer(lambda: nnx.merge(model_def, params), tx))[1]
+
+  with jax.set_mesh(mesh):
+    state = jax.jit(init, out_shardings=shardings)(model_state)
+  return TrainState(graphdef, state, shardings)

@@ -40,7 +40,7 @@ def test_checkpoint_restores_trained_weights(run):
   config, workdir, path = run
   assert path.endswith(f"checkpoints/{config.train.steps}")
   tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer"))
-  model_fn, _, _, _ = il.build_model(config, tokenizer)
+  (model_fn, _, _, _), _ = il.build_model(config, tokenizer)
   tx, _ = make_optimizer(config.optim, config.train.steps)
   mesh = sharding.make_mesh(dict(config.mesh))
   fresh = create_train_state(model_fn, tx, mesh)
@@ -63,3 +63,32 @@ def test_first_sample_preview_brackets_assistant_text(run):
   arrays["loss_mask"] = np.zeros(n, np.int32)
   arrays["loss_mask"][-2:] = 1
   assert il._sample_preview(tokenizer, arrays).endswith("Assistant:⟦ b<end_of_utterance>⟧")
+
+
+def test_starts_from_a_hugging_face_checkpoint(tmp_path):
+  """`model.hf_checkpoint`: weights and tokenizer come from a local HF directory (here a Llama we export)."""
+  from jaxagent.data import pipeline
+  from jaxagent.models.hf import llama as hf_llama
+  from jaxagent.models.llama import DecoderConfig, init_decoder
+
+  tokenizer = load_tokenizer()
+  dcfg = DecoderConfig.tiny(vocab_size=1024, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            head_dim=16, intermediate_size=64, pad_token_id=tokenizer.pad_token_id)
+  hf_dir = str(tmp_path / "hf")
+  saved = init_decoder(dcfg, seed=7)
+  hf_llama.save_pretrained(saved, dcfg, hf_dir)
+  tokenizer.save_pretrained(hf_dir)
+
+  config = il_config.get_config("smoke")
+  config.model.kind = "decoder"
+  config.model.hf_checkpoint = hf_dir
+  config.train.steps = 2
+  workdir = str(tmp_path / "run")
+  il.train_il(config, workdir)
+
+  items = il.load_items(config, workdir)
+  encode = pipeline.EncodeSample(load_tokenizer(hf_dir), config.data.seq_len)
+  first = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))[0]
+  expected, _ = il.il_loss(saved, first, None)
+  first_logged = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[0]
+  np.testing.assert_allclose(first_logged["loss"], float(expected), rtol=1e-5)
