@@ -83,10 +83,30 @@ def _step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
+def model_builder(config, tokenizer):
+  """(model_fn, image tokens per image, image preprocessing) from the recipe's own `build_model`.
+
+  Accepts both shapes `build_model` has returned: `(model_fn, flops, n_image_tokens, preprocess)` and
+  `((model_fn, flops, n_image_tokens, preprocess), pretrained_loader)`; the loader is not needed here, the
+  checkpoint's weights replace the init.
+  """
+  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
+
+  recipe = recipes.get(config.recipe) if config.get("recipe") else None
+  build_model = getattr(recipe, "build_model", None)
+  if build_model is None:
+    raise ValueError(f"recipe {config.get('recipe')!r} has no build_model(config, tokenizer); its checkpoints "
+                     "cannot be rebuilt for serving")
+  built = build_model(config, tokenizer)
+  if len(built) == 2 and isinstance(built[0], tuple):
+    built = built[0]
+  model_fn, _, num_image_tokens, preprocess = built
+  return model_fn, num_image_tokens, preprocess
+
+
 def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
   from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.state import create_train_state  # pylint: disable=g-import-not-at-top
@@ -99,12 +119,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
     config = ml_collections.ConfigDict(_read_json(cfg_path))
   tok_dir = os.path.join(workdir, "tokenizer")
   tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
-  recipe = recipes.get(config.recipe) if config.get("recipe") else None
-  build_model = getattr(recipe, "build_model", None)
-  if build_model is None:
-    raise ValueError(f"recipe {config.get('recipe')!r} has no build_model(config, tokenizer); its checkpoints "
-                     "cannot be rebuilt for serving")
-  model_fn, _, num_image_tokens, preprocess = build_model(config, tokenizer)
+  model_fn, num_image_tokens, preprocess = model_builder(config, tokenizer)
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
   state = create_train_state(model_fn, tx, _one_device_mesh())
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
