@@ -62,7 +62,8 @@ class _Progress:
   step: int = 0  # index into the oracle
   phase: int = 0  # sub-action within a step (AutoUI: tap, type, enter)
   last: tuple[int, int] | None = None  # the oracle position the last emitted action executed
-  backs: int = 0  # consecutive recovery actions
+  backs: int = 0  # recoveries (backs, rewinds) since the oracle last got further than ever before
+  furthest: int = 0
 
 
 class ScriptedExpert:
@@ -112,6 +113,8 @@ class ScriptedExpert:
         prog.step, prog.phase = prog.step + 1, 0
         continue
       if target is None:
+        if self._rewind(prog, oracle, targets):
+          continue
         return self._recover(prog, f"I cannot find {step.get('text') or step['selector']} here; going back.")
       scroll = self._scroll_needed(obs, target)
       if scroll:
@@ -119,11 +122,13 @@ class ScriptedExpert:
       action = self._action(obs, step, target, prog.phase)
       if action is None:
         return self._recover(prog, f"I cannot locate {step.get('text') or step['selector']} on the page.")
-      prog.last, prog.backs = (prog.step, prog.phase), 0
+      prog.last = (prog.step, prog.phase)
       if self.format_name == "autoui" and op == "type" and prog.phase < (2 if step.get("enter") else 1):
         prog.phase += 1
       else:
         prog.step, prog.phase = prog.step + 1, 0
+        if prog.step > prog.furthest:
+          prog.furthest, prog.backs = prog.step, 0
       return action, self._thought(step)
     return self._finish(DONE_TEXT)
 
@@ -131,6 +136,18 @@ class ScriptedExpert:
 
   def _finish(self, text: str) -> tuple[Action, str]:
     return Action(ActionKind.ANSWER, text=text if self.format_name != "autoui" else ""), "The task is complete."
+
+  def _rewind(self, prog: _Progress, oracle: list[dict[str, Any]], targets: dict[str, Any]) -> bool:
+    """After a detour (a noisy action, a back too far) resume from the latest earlier oracle step whose target
+    this page shows, e.g. the app icon on the launcher or the search box; counts as a recovery."""
+    if prog.backs >= self.max_recoveries:
+      return False
+    for j in range(prog.step - 1, -1, -1):
+      sel = oracle[j].get("selector")
+      if sel and not oracle[j].get("optional") and targets.get(sel) is not None:
+        prog.step, prog.phase, prog.backs = j, 0, prog.backs + 1
+        return True
+    return False
 
   def _recover(self, prog: _Progress, thought: str) -> tuple[Action, str]:
     prog.backs += 1
