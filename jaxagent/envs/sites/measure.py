@@ -22,7 +22,7 @@ def _init(profile: str, format_name: str, epsilon: float, stop_prob: float, seed
   from jaxagent.envs.sites import env as env_lib, expert  # noqa: PLC0415 (in the worker)
   if epsilon or stop_prob:
     policy = expert.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob,
-                                seed=seed + multiprocessing.current_process().pid)
+                                seed=seed * 1000 + multiprocessing.current_process()._identity[0])  # per worker
   else:
     policy = expert.ScriptedExpert(format_name)
   _worker["env"] = env_lib.SiteEnv(profile=profile, observation=expert.FORMAT_OBSERVATION[format_name],
