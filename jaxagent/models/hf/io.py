@@ -166,10 +166,10 @@ def load_state(abstract_model: nnx.Module, table: Table, path: str | os.PathLike
   missing_rows = sorted(set(params) - set(table))
   if missing_rows:
     raise KeyError(f"mapping table has no entry for our parameters {missing_rows}")
-  problems = []
+  problems, present = [], ckpt.keys()
   for ours, (key, tr) in table.items():
     expected = params[ours].get_value().shape
-    if key not in ckpt.keys():
+    if key not in present:
       problems.append(f"missing tensor {key!r} (expected shape {tr.to_hf_shape(expected)}) for {ours}")
       continue
     got = ckpt.shape(key)
@@ -177,7 +177,7 @@ def load_state(abstract_model: nnx.Module, table: Table, path: str | os.PathLike
       problems.append(f"tensor {key!r} has shape {got}, expected {tr.to_hf_shape(expected)} (for {ours} "
                       f"{tuple(expected)})")
   wanted = {key for key, _ in table.values()}
-  unexpected = sorted(k for k in ckpt.keys() - wanted if not ignore(k))
+  unexpected = sorted(k for k in present - wanted if not ignore(k))
   problems += [f"unexpected tensor {k!r} with shape {ckpt.shape(k)}" for k in unexpected]
   if problems:
     raise CheckpointMismatchError(f"checkpoint {os.fspath(path)!r} does not match the model:\n  " +
