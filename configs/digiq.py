@@ -1,0 +1,140 @@
+"""Digi-Q end to end (`reference/algorithms.md` §5): tasks → demos → IL actor → behaviour data → more actions →
+representation fine-tuning → critic → Best-of-N actor → evaluation.
+
+  python -m jaxagent.main --config=configs/digiq.py --workdir=/tmp/digiq
+
+The bare file is the embedded default: the device-profile (412×915 phone, AitW action space) forum tasks of the
+bundled sites (`forum_author`, `forum_replies`: open Forum, tap search, type the title, Enter, open the thread,
+complete; 6 steps), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a
+laptop CPU with no download. Every stage writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips
+finished stages and resumes a stage where it stopped (collections by episode, trainings from Orbax).
+
+Variants (`configs/digiq.py:<name>`):
+  smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
+  paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, N = 16, γ 0.95, τ 0.10, critic
+         lr 1e-5 (800 steps of batch 128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature
+         0.8, 10 steps per episode, an AutoUI-size actor and a LLaVA-1.5-7B representation model from local
+         HF directories (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs
+         accelerators.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+
+VARIANTS = ("smoke", "paper")
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, variant="")
+  c = common.base_config()
+  c.recipe = "digiq"
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+
+  # The VLM (actor and representation model), as configs/il.py builds it.
+  c.model = ml_collections.ConfigDict()
+  c.model.kind = "vlm"
+  c.model.hf_checkpoint = ""
+  c.model.decoder = ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                                                   head_dim=32, intermediate_size=256))
+  c.model.vision = ml_collections.ConfigDict()
+  c.data = ml_collections.ConfigDict()
+  c.data.path = ""
+  c.data.tokenizer = ""
+  c.data.seq_len = 256
+  c.data.image_size = 64  # the 1/4 screenshot (103×228) padded square, then resized for the vision tower
+  c.data.max_images = 1  # AutoUI sees the current screen only
+  c.data.num_threads = 2
+
+  c.tasks = ml_collections.ConfigDict()
+  c.tasks.templates = "forum_author,forum_replies"  # "" = every device family
+  c.tasks.max_steps = 8  # per episode (AitW general: 10)
+
+  c.env = ml_collections.ConfigDict()
+  c.env.workers = 2
+  c.env.step_timeout = 120.0
+  c.env.reset_timeout = 120.0
+
+  c.demos = ml_collections.ConfigDict(dict(episodes=40))  # scripted-expert demonstrations (train tasks)
+  c.il = ml_collections.ConfigDict(dict(steps=300, batch_size=8, lr=3e-3))
+
+  c.behaviour = ml_collections.ConfigDict(dict(episodes=48, temperature=1.0))
+  c.sampling = ml_collections.ConfigDict(dict(max_tokens=96, max_batch=32))
+
+  c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))
+
+  c.representation = ml_collections.ConfigDict()
+  c.representation.hf_checkpoint = ""  # "" = fine-tune the IL actor's VLM; else a local LLaVA directory
+  c.representation.steps = 60
+  c.representation.batch_size = 8
+  c.representation.lr = 1e-3
+  c.representation.batch = 32  # (state, action) pairs per extraction forward pass
+
+  c.critic = ml_collections.ConfigDict()
+  c.critic.steps = 400
+  c.critic.batch_size = 64
+  c.critic.lr = 1e-3  # paper 1e-5 (RoBERTa encoders, 800 steps of 128); the CPU critic is tiny
+  c.critic.clip_norm = 1.0  # paper 0.01
+  c.critic.gamma = 0.95
+  c.critic.tau = 0.10
+  c.critic.target_every = 10  # optimizer steps per Polyak update (paper: once per 1-step epoch)
+  c.critic.backup = "dataset"  # dataset (code) | sample | mean (paper's J_V over π_β candidates)
+  c.critic.advantage_estimation = "bellman"  # bellman | mc
+  c.critic.learn_metric = "regression"  # regression | classification
+  c.critic.text_dim = 32
+
+  c.actor = ml_collections.ConfigDict()
+  c.actor.loss = "best-of-n"  # best-of-n | pg | awr | sft
+  c.actor.threshold = 0.10
+  c.actor.pg_multiplier = 5.0
+  c.actor.awr_beta = 0.01
+  c.actor.head_reduce = "max"  # code: max over the double heads (DigiRL: min)
+  c.actor.steps = 200
+  c.actor.batch_size = 8
+  c.actor.lr = 1e-3
+
+  c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.8, seed=1))
+
+  c.train.progress_bar = True
+  c.checkpoint.every = 100
+  c.checkpoint.async_save = False
+
+  if arg.variant == "smoke":
+    c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
+    c.data.image_size = 32
+    c.tasks.max_steps = 6  # the expert needs all 6 steps
+    c.env.workers = 2
+    c.demos.episodes = 2
+    c.il.update(steps=4, batch_size=4)
+    c.behaviour.episodes = 2
+    c.sampling.max_tokens = 24
+    c.candidates.n = 2
+    c.representation.update(steps=2, batch_size=4)
+    c.critic.update(steps=4, batch_size=4, target_every=2)
+    c.actor.update(steps=2, batch_size=2, threshold=-1.0)
+    c.eval.episodes = 2
+    c.train.progress_bar = False
+    c.checkpoint.every = 2
+  elif arg.variant == "paper":
+    c.mesh.update(data=1, fsdp=-1, tensor=1)
+    c.model.hf_checkpoint = "/path/to/autoui-base-size-vlm-hf"
+    c.representation.hf_checkpoint = "/path/to/llava-1.5-7b-hf"
+    c.data.seq_len = 1024
+    c.data.image_size = 336
+    c.tasks.templates = ""
+    c.tasks.max_steps = 10
+    c.env.workers = 16
+    c.demos.episodes = 1000
+    c.behaviour.episodes = 1008
+    c.sampling.max_tokens = 128
+    c.candidates.n = 16
+    c.representation.update(steps=2000, batch_size=16, lr=2e-5)
+    c.critic.update(steps=800, batch_size=128, lr=1e-5, clip_norm=0.01, target_every=1, text_dim=768)
+    c.actor.update(steps=900, batch_size=128, lr=1e-4)
+    c.eval.update(episodes=96, temperature=0.8)
+    c.optim.clip_norm = 0.01
+  elif arg.variant:
+    raise ValueError(f"configs/digiq.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
+  return c

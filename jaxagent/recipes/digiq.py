@@ -1,0 +1,235 @@
+"""Digi-Q end to end (`reference/algorithms.md` §5): `python -m jaxagent.main --config=configs/digiq.py`.
+
+Stages, in order (each writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished
+stages and resumes the running one: rollouts by episode id, trainings from their Orbax checkpoints):
+
+  tasks           the device-profile (phone, AitW action space) suites of the chosen families
+  il              the scripted expert's demonstrations in AutoUI format → the tiny VLM trained on them
+  behaviour       the IL actor sampled at `behaviour.temperature` on train tasks, judged (terminal reward 1)
+  candidates      N−1 more actions per state from the actor (temperature 1.2, invalid ones resampled ≤ 3×),
+                  the dataset action first, in `Step.candidates` (§5.1 step 4)
+  representation  the VLM fine-tuned on "does this action change the screen" (§5.2), then every
+                  (state, candidate) encoded once and cached in `reps.npz`
+  critic          double Q/V on the frozen representations + text/image features, TD with a target critic
+                  (§5.3–5.4); all candidates scored (`scores.npz`)
+  actor           Best-of-N extraction (§5.5): the argmax candidate where Q − V > threshold, trained from the
+                  IL actor (`pg`, `awr`, `sft` weightings as options)
+  eval            behaviour policy, IL actor and Digi-Q actor on the test split (same episodes, fixed seed):
+                  `<workdir>/results.json`, TensorBoard, a table; `<workdir>/viewer.html`
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.recipes.digiq_stages import common
+from jaxagent.recipes.digiq_stages import data as data_lib
+from jaxagent.train.metrics import MetricWriter
+
+STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "eval")
+
+
+def build_model(config, tokenizer):
+  """(model_fn, FLOPs per token, image tokens per image, preprocessing) of the VLM (`recipes.il.build_model`):
+  lets `serving.load_policy` rebuild this recipe's checkpoints."""
+  return common.build_vlm(config, tokenizer)[0]
+
+
+def _tasks(config, workdir):
+  return {split: data_lib.read_tasks(os.path.join(workdir, "tasks", f"{split}.jsonl")) for split in ("train", "test")}
+
+
+def _il_config(config):
+  return common.sub_config(config, steps=config.il.steps, batch_size=config.il.batch_size, lr=config.il.lr)
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def stage_tasks(config, workdir, out):
+  return data_lib.write_tasks(out, data_lib.select_tasks(config))
+
+
+def stage_il(config, workdir, out):
+  train = _tasks(config, workdir)["train"]
+  demo_tasks = data_lib.episodes(train, int(config.demos.episodes), int(config.seed), "demo")
+  trajs = data_lib.expert_rollout(config, os.path.join(out, "demos"), demo_tasks)
+  store = TrajectoryStore(os.path.join(out, "demos"))
+  items = data_lib.step_samples(trajs, store, os.path.join(out, "images"))
+  if not items:
+    raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
+  common.train_vlm(_il_config(config), out, items)
+  return {"demos": len(trajs), "expert_success": common.success_rate(trajs), "samples": len(items)}
+
+
+def stage_behaviour(config, workdir, out):
+  train = _tasks(config, workdir)["train"]
+  tasks = data_lib.episodes(train, int(config.behaviour.episodes), int(config.seed) + 1, "beh")
+  actor = common.load_actor(os.path.join(workdir, "il"), _il_config(config), config.behaviour.temperature,
+                            seed=int(config.seed))
+  trajs = common.rollout(config, os.path.join(out, "store"), actor, tasks, "il_actor@behaviour")
+  return {"episodes": len(trajs), "success": common.success_rate(trajs),
+          "steps": sum(len(t.steps) for t in trajs)}
+
+
+def stage_candidates(config, workdir, out):
+  src = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
+  trajs = [src.read(i) for i in range(len(src))]
+  actor = common.load_actor(os.path.join(workdir, "il"), _il_config(config), config.candidates.temperature,
+                            seed=int(config.seed) + 2)
+  with_cands = data_lib.add_candidates(config, actor, trajs, src, os.path.join(out, "store"))
+  from jaxagent.agents import autoui  # pylint: disable=g-import-not-at-top
+  cands = [c for t in with_cands for s in t.steps if s.candidates for c in s.candidates[1:]]
+  return {"states": sum(1 for t in with_cands for s in t.steps if s.candidates), "n": int(config.candidates.n),
+          "valid_fraction": float(np.mean([autoui.is_action_valid(c) for c in cands])) if cands else 0.0}
+
+
+def _rep_config(config):
+  return common.sub_config(config, steps=config.representation.steps, batch_size=config.representation.batch_size,
+                           lr=config.representation.lr, seed_offset=3)
+
+
+def stage_representation(config, workdir, out):
+  from jaxagent.recipes.digiq_stages import represent  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  rcfg = _rep_config(config)
+  init = config.representation.hf_checkpoint or os.path.join(workdir, "il")
+  items = represent.finetune_items(trajs, store, os.path.join(out, "sft"))
+  common.train_vlm(rcfg, os.path.join(out, "model"), items, init_from=init)
+  encoder = represent.Encoder(load_policy(os.path.join(out, "model"), config=rcfg), config.representation.batch)
+  cache = represent.extract(encoder, trajs, store)
+  np.savez(os.path.join(out, "reps.tmp.npz"), **cache)
+  os.replace(os.path.join(out, "reps.tmp.npz"), os.path.join(out, "reps.npz"))
+  labels = [it["conversations"][1]["value"] for it in items]
+  return {"sft_samples": len(items), "yes_fraction": labels.count("Yes") / len(labels),
+          "pairs": int(cache["reps"].shape[0] * cache["reps"].shape[1]), "rep_dim": int(cache["reps"].shape[-1])}
+
+
+def _critic_config(config, cache):
+  from jaxagent.models.critic import CriticConfig  # pylint: disable=g-import-not-at-top
+  c = config.critic
+  return CriticConfig(text_dim=int(c.text_dim), image_dim=int(cache["image"].shape[-1]),
+                      rep_dim=int(cache["reps"].shape[-1]), out_dim=1 if c.learn_metric == "regression" else 2)
+
+
+def stage_critic(config, workdir, out):
+  from jaxagent.recipes.digiq_stages import critic as critic_stage  # pylint: disable=g-import-not-at-top
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  cache = dict(np.load(os.path.join(workdir, "representation", "reps.npz")))
+  cfg = _critic_config(config, cache)
+  data = critic_stage.transition_arrays(trajs, cache, cfg, float(config.critic.gamma))
+  writer = MetricWriter(out)
+  critic = critic_stage.train_critic(config, data, cfg, writer)
+  writer.close()
+  critic_stage.save_params(critic, os.path.join(out, "critic.npz"))
+  q, v = critic_stage.score_candidates(critic, data)
+  np.savez(os.path.join(out, "scores.tmp.npz"), q=q, v=v, rows=cache["rows"], valid=data["valid"])
+  os.replace(os.path.join(out, "scores.tmp.npz"), os.path.join(out, "scores.npz"))
+  # How well V ranks states: mean V of states on successful vs failed trajectories.
+  succ = np.asarray([trajs[i].success == 1.0 for i, _ in cache["rows"]])
+  vmax = v.max(-1)
+  return {"rows": int(len(q)), "v_success": float(vmax[succ].mean()) if succ.any() else None,
+          "v_failure": float(vmax[~succ].mean()) if (~succ).any() else None}
+
+
+def stage_actor(config, workdir, out):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxagent.rl import losses  # pylint: disable=g-import-not-at-top
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  s = dict(np.load(os.path.join(workdir, "critic", "scores.npz")))
+  a = config.actor
+  idx, adv = losses.best_of_n_select(jnp.asarray(s["q"]), jnp.asarray(s["v"]), jnp.asarray(s["valid"]),
+                                     str(a.head_reduce), True)
+  weight = losses.best_of_n_weights(adv, str(a.loss), float(a.threshold), float(a.pg_multiplier),
+                                    float(a.awr_beta))
+  idx, adv, weight = np.asarray(idx), np.asarray(adv), np.asarray(weight)
+  items = []
+  image_dir = os.path.join(out, "images")
+  os.makedirs(image_dir, exist_ok=True)
+  for r, (i, k) in enumerate(s["rows"]):
+    if weight[r] <= 0:
+      continue
+    step = trajs[i].steps[k]
+    path = common.save_png(os.path.join(image_dir, f"{i}-{k}.png"), common.small_screen(store.load_image(step.image_path)))
+    items.append(common.sample_item(f"{i}-{k}", path, step.obs_text, step.candidates[int(idx[r])], weight[r]))
+  summary = {"states": int(len(idx)), "trained_on": len(items), "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
+             "mean_adv": float(adv.mean())}
+  if not items:  # no state's best candidate clears the threshold: the extracted actor is the IL actor
+    summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
+    return summary
+  acfg = common.sub_config(config, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed_offset=4)
+  common.train_vlm(acfg, out, items, init_from=os.path.join(workdir, "il"))
+  return summary
+
+
+def stage_eval(config, workdir, out):
+  test = _tasks(config, workdir)["test"]
+  tasks = data_lib.episodes(test, int(config.eval.episodes), int(config.eval.seed), "eval")
+  il_dir, actor_dir = os.path.join(workdir, "il"), os.path.join(workdir, "actor")
+  actor_src = actor_dir if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else il_dir
+  policies = {
+      "behaviour": (il_dir, _il_config(config), float(config.behaviour.temperature)),
+      "il_actor": (il_dir, _il_config(config), float(config.eval.temperature)),
+      "digiq_actor": (actor_src, common.sub_config(config, steps=config.actor.steps, batch_size=config.actor.batch_size,
+                                                   lr=config.actor.lr, seed_offset=4), float(config.eval.temperature)),
+  }
+  results = {}
+  writer = MetricWriter(out)
+  for n, (name, (path, cfg, temperature)) in enumerate(policies.items()):
+    actor = common.load_actor(path, cfg, temperature, seed=int(config.eval.seed))
+    trajs = common.rollout(config, os.path.join(out, name), actor, tasks, name)
+    results[name] = {"success_rate": common.success_rate(trajs), "episodes": len(trajs),
+                     "temperature": temperature, "mean_steps": float(np.mean([len(t.steps) for t in trajs]))}
+    writer.write_scalars(n, {f"eval/{name}_success_rate": results[name]["success_rate"]})
+  writer.close()
+  results["digiq_minus_behaviour"] = results["digiq_actor"]["success_rate"] - results["behaviour"]["success_rate"]
+  common.write_json(os.path.join(workdir, "results.json"), results)
+  _write_viewer(workdir)
+  return results
+
+
+def _write_viewer(workdir):
+  """`<workdir>/viewer.html`: the first behaviour trajectory with candidates ranked by Q (a success if any)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  from data_tools import view_trajectory  # pylint: disable=g-import-not-at-top
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  pick = next((i for i, t in enumerate(trajs) if t.success == 1.0), 0)
+  scores = view_trajectory.scores_for(dict(np.load(os.path.join(workdir, "critic", "scores.npz"))), pick)
+  with open(os.path.join(workdir, "viewer.html"), "w", encoding="utf-8") as f:
+    f.write(view_trajectory.render_html(trajs[pick], store.load_image, scores))
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+def run(config, workdir: str) -> dict:
+  timer = common.Timer(workdir)
+  fns = {"tasks": stage_tasks, "il": stage_il, "behaviour": stage_behaviour, "candidates": stage_candidates,
+         "representation": stage_representation, "critic": stage_critic, "actor": stage_actor, "eval": stage_eval}
+  summaries = {}
+  for name in STAGES:
+    summaries[name] = common.run_stage(workdir, name, lambda out, f=fns[name]: f(config, workdir, out), timer)
+  results = summaries["eval"]
+  print("\n" + results_table(results))
+  print(timer.table())
+  return results
+
+
+def results_table(results: dict) -> str:
+  rows = ["policy          success   episodes  temperature  mean steps"]
+  for name in ("behaviour", "il_actor", "digiq_actor"):
+    r = results[name]
+    rows.append(f"{name:<15} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
+                f"{r['mean_steps']:10.2f}")
+  rows.append(f"Digi-Q − behaviour: {results['digiq_minus_behaviour'] * 100:+.1f} points")
+  return "\n".join(rows)
+
