@@ -10,6 +10,8 @@ from types import ModuleType
 
 RECIPES: dict[str, str] = {
     "il": "jaxagent.recipes.il",
+    "openwebvoyager": "jaxagent.recipes.openwebvoyager",
+    "digiq": "jaxagent.recipes.digiq",
 }
 
 

@@ -1,0 +1,212 @@
+"""OpenWebVoyager's data: query sets, the observation the policy sees, trajectories → samples, data mixing.
+
+`reference/algorithms.md` §2.2–2.4. The conversation format is `agents.openwebvoyager`'s (turn 1 = task +
+screenshot + accessibility tree, older turns collapsed, ≤3 screenshots per sample); this module only decides
+which queries each stage gets, turns judged trajectories into per-step samples on disk, and mixes the sources
+of an optimisation iteration (`mix`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from jaxagent import types
+from jaxagent.agents import openwebvoyager
+from jaxagent.data import conversation
+from jaxagent.data.store import TrajectoryStore
+
+# ------------------------------------------------------------------------------------------ queries
+
+
+def select_tasks(config) -> dict[str, list[types.Task]]:
+  """The web-profile suites of the bundled sites (`sites.generate`), restricted to `config.tasks.templates`
+  and capped at `config.tasks.max_steps` (OpenWebVoyager's `max_iter` 15)."""
+  from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
+  suites = sites.generate(int(config.tasks.seed), profiles=("web",))
+  families = {f.strip() for f in str(config.tasks.templates).split(",") if f.strip()}
+  out = {}
+  for split, tasks in suites.items():
+    chosen = [dataclasses.replace(t, max_steps=min(t.max_steps, int(config.tasks.max_steps)))
+              for t in tasks if not families or t.template in families]
+    if not chosen:
+      raise ValueError(f"config.tasks.templates={config.tasks.templates!r} selects no {split} task; choose "
+                       f"among {sorted({t.template for t in tasks})}")
+    out[split] = chosen
+  return out
+
+
+def query_sets(train: Sequence[types.Task], sizes: Mapping[str, int], seed: int) -> dict[str, list[types.Task]]:
+  """Disjoint query sets drawn from the train split, one per stage (`{"il": 1516, "iter1": 480, ...}` in the
+  paper, §2.3–2.4): a seeded shuffle cut in order, so IL and each iteration see different queries. When the
+  split is smaller than the total, later sets wrap around (reusing queries) rather than coming out empty."""
+  order = list(train)
+  random.Random(seed).shuffle(order)
+  out, pos = {}, 0
+  for name, n in sizes.items():
+    picked = [order[(pos + k) % len(order)] for k in range(int(n))]
+    pos += int(n)
+    out[name] = [dataclasses.replace(t, id=f"{t.id}@{name}") for t in picked]
+  return out
+
+
+def write_tasks(path: str, tasks: Sequence[types.Task]) -> None:
+  atomic_write(path, "".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+
+
+def read_tasks(path: str) -> list[types.Task]:
+  with open(path, encoding="utf-8") as f:
+    return [types.Task.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def atomic_write(path: str, text: str) -> None:
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------ observation
+
+_URL = re.compile(r" url: \S+")
+
+
+def compact_tree(tree: str, max_lines: int = 0, drop_urls: bool = False) -> str:
+  """The accessibility tree shortened for a small context: `url:` attributes dropped (they carry the episode's
+  session id, noise to the policy) and only the first `max_lines` lines kept (0 = all). Element ids are the
+  tree's own, so an id the policy reads is the id the env executes."""
+  if drop_urls:
+    tree = _URL.sub("", tree)
+  if max_lines > 0:
+    tree = "\n".join(tree.split("\n")[:max_lines])
+  return tree
+
+
+class CompactOpenWebVoyager(openwebvoyager.OpenWebVoyager):
+  """OpenWebVoyager's format (§2.2) with `compact_tree` applied to every observation: the CPU default's
+  concession to a 1–2k-token context (the paper's 8192 holds the full tree; `max_lines=0, drop_urls=False`
+  is the original byte for byte)."""
+
+  name = "openwebvoyager_compact"
+
+  def __init__(self, max_tree_lines: int = 0, drop_urls: bool = False, n_steps: int = openwebvoyager.LAST_N):
+    super().__init__(n_steps)
+    self.max_tree_lines, self.drop_urls = int(max_tree_lines), bool(drop_urls)
+
+  def observation_text(self, task, observation, history) -> str:
+    obs = dataclasses.replace(observation, a11y_tree=compact_tree(observation.a11y_tree or "",
+                                                                  self.max_tree_lines, self.drop_urls))
+    return super().observation_text(task, obs, history)
+
+
+def make_format(config) -> CompactOpenWebVoyager:
+  o = config.observation
+  return CompactOpenWebVoyager(int(o.max_tree_lines), bool(o.drop_urls), int(o.history_images))
+
+
+# ---------------------------------------------------------------------------------------- samples
+
+
+def trajectory_samples(traj: types.Trajectory, store: TrajectoryStore, image_dir: str,
+                       n_steps: int = openwebvoyager.LAST_N) -> list[dict]:
+  """Per-step OWV samples of one trajectory (§2.3: every step is a sample carrying its compressed history),
+  from the user turns the policy was shown (`Step.obs_text`) and its replies; screenshots are copied to
+  `image_dir/<flag>--stepNN.png` and named relative to the data file one level up (`images/...`)."""
+  flag = re.sub(r"[^A-Za-z0-9_.@-]", "_", traj.meta.get("episode_id") or traj.task.id)
+  os.makedirs(image_dir, exist_ok=True)
+  for t, s in enumerate(traj.steps, start=1):
+    if not s.image_path:
+      raise ValueError(f"trajectory {traj.task.id!r} step {t - 1} has no screenshot in the store")
+    dst = os.path.join(image_dir, f"{flag}--step{t:02d}.png")
+    if not os.path.exists(dst):
+      Image.fromarray(np.asarray(store.load_image(s.image_path))).save(dst)
+  turns = [(s.obs_text, s.action_text) for s in traj.steps]
+  rel = os.path.basename(os.path.normpath(image_dir))
+  return [{"id": f"{flag}--step{t:02d}",
+           "images": [f"{rel}/{flag}--step{i:02d}.png" for i in openwebvoyager.image_window(t, n_steps)],
+           "conversations": conv}
+          for t, conv in enumerate(openwebvoyager.conversations(turns, n_steps), start=1)]
+
+
+def successful_samples(store: TrajectoryStore, out_dir: str, n_steps: int = openwebvoyager.LAST_N) -> dict:
+  """`out_dir/samples.json` (+ `out_dir/images/`) from the successful trajectories of `store` (the filter of
+  §2.4: only judged successes are trained on). Returns counts."""
+  samples, n_traj = [], 0
+  for traj in store:
+    if traj.success == 1.0 and traj.steps:
+      samples.extend(trajectory_samples(traj, store, os.path.join(out_dir, "images"), n_steps))
+      n_traj += 1
+  for s in samples:
+    conversation.validate(s)
+  atomic_write(os.path.join(out_dir, "samples.json"), json.dumps(samples, ensure_ascii=False))
+  return {"trajectories": n_traj, "samples": len(samples)}
+
+
+def load_samples(stage_dir: str) -> list[dict]:
+  return conversation.load_conversations(os.path.join(stage_dir, "samples.json"))
+
+
+def convert_released(root: str, out_path: str) -> dict:
+  """OpenWebVoyager's released WebVoyager-4o result folders (`task*/` with `interact_messages.json`,
+  `accessibility_tree{i}.txt`, `screenshot{i}.png`, `agent.log`) → one OWV JSON with images copied beside it,
+  keeping finished tasks (`INFO - finish!!` in `agent.log`), as `convert_trajectories_to_json.py` does."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  image_dir = os.path.join(os.path.dirname(os.path.abspath(out_path)), "images")
+  os.makedirs(image_dir, exist_ok=True)
+  samples, kept, skipped = [], 0, 0
+  for name in sorted(os.listdir(root), key=openwebvoyager.sort_key):
+    task_dir = os.path.join(root, name)
+    log = os.path.join(task_dir, "agent.log")
+    if not os.path.isdir(task_dir) or not name.startswith("task"):
+      continue
+    if not os.path.exists(log) or "INFO - finish!!" not in open(log, encoding="utf-8").read():
+      skipped += 1
+      continue
+    flag = openwebvoyager.flag_id_for(name, 0)
+    items = openwebvoyager.convert_task_dir(task_dir, flag)
+    n = len([p for p in os.listdir(task_dir) if p.endswith(".png")])
+    for t in range(1, n + 1):
+      shutil.copyfile(os.path.join(task_dir, f"screenshot{t}.png"), os.path.join(image_dir, f"{flag}--step{t:02d}.png"))
+    for item in items:
+      item["images"] = [f"images/{p}" for p in item["images"]]
+    samples.extend(items)
+    kept += 1
+  atomic_write(out_path, json.dumps(samples, ensure_ascii=False))
+  return {"tasks": kept, "unfinished_skipped": skipped, "samples": len(samples)}
+
+
+# ----------------------------------------------------------------------------------------- mixing
+
+
+def mix(sources: Mapping[str, Sequence[dict]], weights: Mapping[str, float], seed: int) -> list[dict]:
+  """The training set of one iteration: each source's samples taken `weight` times (§2.4's data-mixing knob:
+  1.0 = all of it, 0.5 = a seeded half, 2.0 = twice, 0 = none). Sources are named `il`, `iter1`, `iter2`, ...;
+  `weights` maps a name to its weight. Deterministic in `seed`; order is shuffled."""
+  rng = random.Random(seed)
+  out: list[dict] = []
+  for name, items in sources.items():
+    if name not in weights:
+      raise ValueError(f"data source {name!r} has no mixing weight; give one in config.mix (have {sorted(weights)})")
+    w = float(weights[name])
+    if w < 0:
+      raise ValueError(f"config.mix weight of {name!r} is {w}; weights must be >= 0")
+    whole, frac = int(w), w - int(w)
+    out.extend(list(items) * whole)
+    if frac > 0 and items:
+      out.extend(rng.sample(list(items), int(round(frac * len(items)))))
+  rng.shuffle(out)
+  return out
+
+
+def mix_weights(config, iteration: int) -> dict[str, float]:
+  """`config.mix` for iteration k: `il`, `previous` (each earlier iteration's data) and `current` weights."""
+  w = {"il": float(config.mix.il), f"iter{iteration}": float(config.mix.current)}
+  for j in range(1, iteration):
+    w[f"iter{j}"] = float(config.mix.previous)
+  return w

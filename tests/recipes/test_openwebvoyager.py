@@ -1,0 +1,180 @@
+"""OpenWebVoyager recipe: retry-until-success, data mixing, query sets, the compact observation, and an
+end-to-end smoke run through real Chromium that is SIGKILLed inside a stage and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxagent import types
+from jaxagent.recipes import owv_data, owv_explore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _task(i: int) -> types.Task:
+  return types.Task(id=f"q{i}", intent=f"query {i}", site="shop", start_url="__SITES__/shop/")
+
+
+# ------------------------------------------------------------------------------ retry until success
+
+
+def test_explore_reruns_failed_tasks_and_keeps_the_first_success():
+  # Task i succeeds on attempt i (0-based); task 9 never does.
+  succeed_at = {"q0": 0, "q1": 1, "q2": 4, "q3": 2, "q9": 99}
+  calls = []
+
+  def run_round(k, pending):
+    calls.append((k, [t.id for t in pending]))
+    return [types.Trajectory(t, success=1.0 if succeed_at[t.id] <= k else 0.0, meta={"attempt": k})
+            for t in pending]
+
+  tasks = [_task(i) for i in (0, 1, 2, 3, 9)]
+  result = owv_explore.explore(tasks, 5, run_round)
+  assert calls == [(0, ["q0", "q1", "q2", "q3", "q9"]), (1, ["q1", "q2", "q3", "q9"]), (2, ["q2", "q3", "q9"]),
+                   (3, ["q2", "q9"]), (4, ["q2", "q9"])]
+  assert set(result.solved) == {"q0", "q1", "q2", "q3"}
+  assert {tid: traj.meta["attempt"] for tid, traj in result.solved.items()} == {"q0": 0, "q1": 1, "q2": 4, "q3": 2}
+  assert result.attempts == {"q0": 1, "q1": 2, "q2": 5, "q3": 3, "q9": 5}
+  assert result.episodes == 5 + 4 + 3 + 2 + 2
+  s = result.summary(len(tasks))
+  assert s["solved_rate"] == pytest.approx(0.8) and s["first_attempt_rate"] == pytest.approx(0.2)
+
+
+def test_explore_stops_when_all_solved_and_rejects_bad_attempts():
+  calls = []
+
+  def run_round(k, pending):
+    calls.append(k)
+    return [types.Trajectory(t, success=1.0) for t in pending]
+
+  assert set(owv_explore.explore([_task(0), _task(1)], 5, run_round).solved) == {"q0", "q1"}
+  assert calls == [0]
+  with pytest.raises(ValueError, match="max_attempts"):
+    owv_explore.explore([_task(0)], 0, run_round)
+  with pytest.raises(RuntimeError, match="1 trajectories for 2 tasks"):
+    owv_explore.explore([_task(0), _task(1)], 2, lambda k, p: [types.Trajectory(p[0], success=0.0)])
+
+
+def test_judge_agreement_against_programmatic_verdicts():
+  trajs = [types.Trajectory(_task(i), success=s, meta={"programmatic_success": p})
+           for i, (s, p) in enumerate([(1.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 0.0)])]
+  a = owv_explore.agreement(trajs + [types.Trajectory(_task(9), success=1.0)])
+  assert a == {"judged": 4, "agreement": 0.75, "judge_positive": 0.5, "programmatic_positive": 0.25}
+  assert owv_explore.agreement([types.Trajectory(_task(0), success=1.0)]) is None
+
+
+# ----------------------------------------------------------------------------------------- mixing
+
+
+def _items(name, n):
+  return [{"id": f"{name}-{i}", "images": [], "conversations": []} for i in range(n)]
+
+
+def test_mix_takes_each_source_weight_times():
+  sources = {"il": _items("il", 10), "iter1": _items("iter1", 6), "iter2": _items("iter2", 4)}
+  out = owv_data.mix(sources, {"il": 0.5, "iter1": 0.0, "iter2": 2.0}, seed=3)
+  ids = [x["id"] for x in out]
+  assert sum(i.startswith("il-") for i in ids) == 5 and len(set(i for i in ids if i.startswith("il-"))) == 5
+  assert not any(i.startswith("iter1-") for i in ids)
+  assert sorted(i for i in ids if i.startswith("iter2-")) == sorted([f"iter2-{k}" for k in range(4)] * 2)
+  assert ids == [x["id"] for x in owv_data.mix(sources, {"il": 0.5, "iter1": 0.0, "iter2": 2.0}, seed=3)]
+  assert ids != [x["id"] for x in owv_data.mix(sources, {"il": 0.5, "iter1": 0.0, "iter2": 2.0}, seed=4)]
+  with pytest.raises(ValueError, match="'iter2' has no mixing weight"):
+    owv_data.mix(sources, {"il": 1.0, "iter1": 1.0}, seed=0)
+  with pytest.raises(ValueError, match="must be >= 0"):
+    owv_data.mix(sources, {"il": -1.0, "iter1": 1.0, "iter2": 1.0}, seed=0)
+
+
+def test_mix_weights_name_every_earlier_iteration():
+  import ml_collections
+  cfg = ml_collections.ConfigDict({"mix": {"il": 0.3, "previous": 0.5, "current": 1.0}})
+  assert owv_data.mix_weights(cfg, 1) == {"il": 0.3, "iter1": 1.0}
+  assert owv_data.mix_weights(cfg, 3) == {"il": 0.3, "iter1": 0.5, "iter2": 0.5, "iter3": 1.0}
+
+
+# ---------------------------------------------------------------------------- queries, observation
+
+
+def test_query_sets_are_disjoint_and_tagged():
+  tasks = [_task(i) for i in range(20)]
+  sets = owv_data.query_sets(tasks, {"il": 8, "iter1": 6, "iter2": 6}, seed=0)
+  base = {n: {t.id.split("@")[0] for t in ts} for n, ts in sets.items()}
+  assert [len(b) for b in base.values()] == [8, 6, 6]
+  assert not (base["il"] & base["iter1"]) and not (base["iter1"] & base["iter2"]) and not (base["il"] & base["iter2"])
+  assert all(t.id.endswith("@iter1") for t in sets["iter1"])
+
+
+def test_compact_tree_drops_urls_and_clips_lines():
+  tree = "[1] RootWebArea 'Home' focused: True url: http://x/s/abc/shop/\n\t[2] link 'Cart' url: http://x/c\n\t[3] button 'Go'"
+  assert owv_data.compact_tree(tree) == tree
+  assert owv_data.compact_tree(tree, drop_urls=True) == "[1] RootWebArea 'Home' focused: True\n\t[2] link 'Cart'\n\t[3] button 'Go'"
+  assert owv_data.compact_tree(tree, max_lines=2, drop_urls=True).count("\n") == 1
+  fmt = owv_data.CompactOpenWebVoyager(max_tree_lines=1, drop_urls=True)
+  obs = types.Observation(url="http://x", a11y_tree=tree, intent="Find it")
+  assert fmt.observation_text("Find it", obs, []) == "Find it\nOBSERVATION:\n<image>\n[1] RootWebArea 'Home' focused: True"
+  assert fmt.parse("Thought: t\n\nAction: Click [2]").kind == types.ActionKind.CLICK
+
+
+# --------------------------------------------------------------------------- end to end, resume
+
+
+def _run(workdir, *extra, wait=True):
+  cmd = [sys.executable, "-m", "jaxagent.main", "--config=configs/openwebvoyager.py:smoke", f"--workdir={workdir}",
+         *extra]
+  env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  if wait:
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+  return proc
+
+
+@pytest.mark.timeout(600)
+def test_smoke_run_killed_inside_a_stage_resumes_there(tmp_path):
+  workdir = str(tmp_path / "owv")
+  proc = _run(workdir, wait=False)
+  ckpt = os.path.join(workdir, "il", "train", "checkpoints", "2")
+  deadline = time.monotonic() + 300
+  while not os.path.isdir(ckpt) and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert os.path.exists(os.path.join(workdir, "il", "data", "DONE")), "killed before il/train checkpointed"
+  assert not os.path.exists(os.path.join(workdir, "il", "train", "DONE"))
+  episodes_before = len(open(os.path.join(workdir, "il", "data", "store", "episodes.jsonl")).readlines()) \
+      if os.path.exists(os.path.join(workdir, "il", "data", "store", "episodes.jsonl")) else None
+
+  out = _run(workdir)
+  assert "[owv] tasks: done already, skipped" in out and "[owv] il/data: done already, skipped" in out
+  assert "[owv] il/train ..." in out
+  # The train loop resumed from its step-2 checkpoint: steps 1–2 were logged once, step 3 once.
+  steps = [json.loads(l)["step"] for l in open(os.path.join(workdir, "il", "train", "metrics.jsonl"))
+           if '"loss"' in l]
+  assert sorted(set(steps)) == steps and steps[-1] == 3, steps
+  if episodes_before is not None:
+    assert len(open(os.path.join(workdir, "il", "data", "store", "episodes.jsonl")).readlines()) == episodes_before
+
+  results = json.load(open(os.path.join(workdir, "results.json")))
+  rows = results["per_iteration"]
+  assert [r["stage"] for r in rows] == ["il", "iter1"]
+  assert all(0.0 <= r["test_success_rate"] <= 1.0 and r["episodes"] == 2 for r in rows)
+  assert rows[1]["train_samples"] >= 1 and results["teacher_success"] == 1.0
+  explore = json.load(open(os.path.join(workdir, "iter1", "explore", "DONE")))
+  assert explore["tasks"] == 2 and 2 <= explore["episodes"] <= 4
+  assert explore["mean_attempts"] <= 2
+  samples = json.load(open(os.path.join(workdir, "il", "data", "samples.json")))
+  assert samples and samples[0]["conversations"][0]["value"].count("<image>") == 1
+  assert all(len(s["images"]) <= 3 for s in samples)
+  assert "stage times" in out and "iter1/train" in out
+
+  again = _run(workdir)  # everything done: nothing reruns, same results
+  assert again.count("done already") == 7
+  assert json.load(open(os.path.join(workdir, "results.json"))) == results
