@@ -31,7 +31,6 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, variant="")
   c = common.base_config()
   c.recipe = "digiq"
-  c.mesh.update(data=1, fsdp=1, tensor=1)
 
   # The VLM (actor and representation model), as configs/il.py builds it.
   c.model = ml_collections.ConfigDict()
