@@ -23,8 +23,8 @@ class Task:
   """One instruction to carry out in one environment.
 
   `evaluator` is a spec the judges read, e.g. `{"kind": "string_match", "exact_match": "42"}`,
-  `{"kind": "url_match", "url": "/cart"}`, `{"kind": "state_match", "cart": [...]}`; several checks go in
-  `{"kind": "all", "checks": [...]}`. `oracle` is the scripted expert's solution as semantic steps
+  `{"kind": "url_match", "url": "/cart"}`, `{"kind": "state_match", "checks": [{"path": "cart", "contains": {...}}]}`;
+  several go in `{"kind": "all" | "any", ...}` (see `jaxagent/judges/evaluators.py` for the full spec). `oracle` is the scripted expert's solution as semantic steps
   (dicts such as `{"op": "click", "selector": "#search"}`), `None` when unknown.
   """
 
