@@ -361,7 +361,7 @@ class RunningServer:
     self.close()
 
 
-def build(checkpoint: str, *, max_batch: int = 8, max_wait_ms: float = 5.0, max_new_tokens: int = 512,
+def build(checkpoint: str, *, max_batch: int = 8, max_wait_ms: float = 20.0, max_new_tokens: int = 512,
           max_prompt_tokens: int | None = None, limits: Limits = Limits(), allow_pickle: bool = False,
           served_model_name: str = "", seed: int = 0):
   """(app, batcher) for the policy at `checkpoint` (anything `serving.checkpoint.load_policy` reads)."""
@@ -381,7 +381,7 @@ def main(argv=None) -> None:
   p.add_argument("--port", type=int, default=8000)
   p.add_argument("--served-model-name", default="", help="model id clients send (default: the checkpoint's name)")
   p.add_argument("--max-batch", type=int, default=8, help="requests per sampler call")
-  p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
+  p.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a batch waits to fill")
   p.add_argument("--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask for")
   p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the model's context length")
   p.add_argument("--max-images", type=int, default=Limits.max_images, help="images per request")

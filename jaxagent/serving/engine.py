@@ -85,6 +85,7 @@ class Engine:
     self.max_prompt_tokens = int(max_prompt_tokens or policy.context_length)
     self.max_new_tokens = int(max_new_tokens)
     self._key = jax.random.key(seed)
+    self._calls = 0  # sampler calls so far: each folds its count into the key
     self._lock = threading.Lock()
     self._stats_lock = threading.Lock()
     self._stats = collections.Counter()
@@ -168,7 +169,7 @@ class Engine:
       ids[r, :len(p.ids)] = p.ids
       mask[r, :len(p.ids)] = True
     with self._lock:
-      self._calls = getattr(self, "_calls", 0) + 1
+      self._calls += 1
       rng = jax.random.fold_in(self._key, self._calls)
       t0 = time.perf_counter()
       if policy.kind == "vlm":
@@ -209,8 +210,8 @@ class Engine:
   def stats(self) -> dict[str, Any]:
     with self._stats_lock:
       out = {k: int(v) for k, v in self._stats.items() if k != "sampler_seconds_x1000"}
-      out.setdefault("requests", 0)
-      out.setdefault("sampler_calls", 0)
+      for key in ("requests", "sampler_calls", "rows", "padded_rows", "prompt_tokens", "completion_tokens"):
+        out.setdefault(key, 0)
       out["sampler_seconds"] = self._stats["sampler_seconds_x1000"] / 1000
       out["batch_sizes"] = {str(k): v for k, v in sorted(self._batch_sizes.items())}
       out["distinct_shapes"] = len(self._shapes)
