@@ -72,6 +72,17 @@ def _parse_flags(argv):
   return flags.FLAGS(argv)
 
 
+def init_distributed() -> None:
+  """Joins the multi-host job. JAX auto-detects SLURM, Cloud TPU, Open MPI and k8s; elsewhere (e.g.
+  `launch.local`) JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID say where this process stands."""
+  import jax  # pylint: disable=g-import-not-at-top
+  kwargs = {}
+  if "JAX_NUM_PROCESSES" in os.environ:
+    kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                  process_id=int(os.environ["JAX_PROCESS_ID"]))
+  jax.distributed.initialize(**kwargs)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO; progress goes to tqdm
@@ -79,11 +90,12 @@ def main(argv):
   if workdir is None:
     raise app.UsageError("--workdir is required")
   if config.get("distributed", False):
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize()
+    init_distributed()
+  import jax  # pylint: disable=g-import-not-at-top
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
   from jaxagent import recipes  # pylint: disable=g-import-not-at-top
   logging.info("recipe %s → %s", config.recipe, workdir)
   recipes.get(config.recipe).run(config, workdir)

@@ -13,6 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxagent.data import conversation, pipeline, synthetic_conversations
 from jaxagent.data.tokenizer import IMAGE_TOKEN, load_tokenizer
@@ -107,9 +108,11 @@ def load_items(config, workdir: str) -> list[dict]:
   path = config.data.path
   if not path:
     path = os.path.join(workdir, "data", "conversations.json")
-    if not os.path.exists(path):
+    if jax.process_index() == 0 and not os.path.exists(path):
       synthetic_conversations.generate(os.path.dirname(path), config.data.synthetic_episodes,
                                        seed=int(config.seed))
+    if jax.process_count() > 1:  # the others read what process 0 wrote to the shared workdir
+      multihost_utils.sync_global_devices("il_synthetic_data")
   return conversation.load_conversations(path)
 
 

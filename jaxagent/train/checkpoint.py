@@ -43,7 +43,8 @@ class Checkpointer:
            meta: dict | None = None, force: bool = False) -> bool:
     """Saves if the interval policy says so (or `force`); returns whether it saved."""
     args = dict(state=ocp.args.StandardSave(state),
-                rng=ocp.args.StandardSave({"key": jax.random.key_data(rng)}),
+                # numpy, not a single-device jax.Array: Orbax refuses host-local arrays on several hosts
+                rng=ocp.args.StandardSave({"key": np.asarray(jax.random.key_data(rng))}),
                 data=ocp.args.JsonSave(data_state or {}),
                 meta=ocp.args.JsonSave(meta or {}))
     return self._mngr.save(step, args=ocp.args.Composite(**args), force=force)

@@ -21,19 +21,27 @@ from jaxagent.train.state import TrainState
 LossFn = Callable[[nnx.Module, dict, jax.Array], tuple[jax.Array, dict]]
 
 
+def _global_shape(x) -> tuple[int, ...]:
+  """The global batch's shape, from this process's share (processes split the leading axis evenly)."""
+  return (x.shape[0] * jax.process_count(), *x.shape[1:])
+
+
 def batch_shardings(batch: dict, mesh: Mesh, rules=None) -> dict:
-  """Leading (batch) axis over the data-parallel mesh axes, where it divides; the rest replicated."""
+  """Leading (batch) axis over the data-parallel mesh axes, where the global batch divides; the rest
+  replicated. `batch` is a host batch (this process's share)."""
 
   def one(x):
     names = ("batch",) + (None,) * (x.ndim - 1)
-    return NamedSharding(mesh, sharding.logical_to_spec(names, x.shape, mesh, rules))
+    return NamedSharding(mesh, sharding.logical_to_spec(names, _global_shape(x), mesh, rules))
 
   return jax.tree.map(one, batch)
 
 
 def put_batch(batch: dict, shardings: dict) -> dict:
-  """Host numpy batch (this process's share) → global sharded jax.Arrays (multi-host safe)."""
-  return jax.tree.map(jax.make_array_from_process_local_data, shardings, batch)
+  """Host numpy batch (this process's share) → global sharded jax.Arrays (multi-host safe; JAX rejects a
+  sharding that does not split the batch across processes)."""
+  return jax.tree.map(lambda s, x: jax.make_array_from_process_local_data(s, x, _global_shape(x)), shardings,
+                      batch)
 
 
 def _split_micro(x, n: int):
