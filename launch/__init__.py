@@ -1,0 +1,1 @@
+"""Launchers: several local processes simulating hosts (`launch.local`), SLURM and Cloud TPU VM recipes."""
