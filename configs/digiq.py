@@ -60,7 +60,7 @@ def get_config(arg=None):
   c.il = ml_collections.ConfigDict(dict(steps=300, batch_size=8, lr=3e-3))
 
   c.behaviour = ml_collections.ConfigDict(dict(episodes=48, temperature=1.0))
-  c.sampling = ml_collections.ConfigDict(dict(max_tokens=96, max_batch=32))
+  c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens
 
   c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))
 

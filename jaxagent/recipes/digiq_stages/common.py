@@ -205,6 +205,14 @@ def build_vlm(config, tokenizer):
   return (out, None) if len(out) == 4 else out
 
 
+def _on_host(model):
+  """The model with host (numpy) parameters: `load_policy` places them on one device, and the training mesh may
+  span several, where committed single-device arrays cannot enter its jit."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, jax.device_get(state))
+
+
 def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = None) -> str:
   """Trains the VLM on weighted conversation samples (`weighted_il_loss`) with the shared loop (Orbax resume);
   a fresh run starts from the policy at `init_from` (a training workdir), else from random init."""
@@ -216,7 +224,7 @@ def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = N
   encode = _WeightedEncode(tokenizer, config.data.seq_len, num_image_tokens, preprocess,
                            preprocess.crop_size or preprocess.size, config.data.max_images)
   ds = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))
-  pretrained = (lambda: load_policy(init_from, config=config).model) if init_from else None
+  pretrained = (lambda: _on_host(load_policy(init_from, config=config).model)) if init_from else None
   return loop.train(config, workdir, model_fn=model_fn, loss_fn=weighted_il_loss, dataset=ds,
                     flops_per_token=flops, read_options=pipeline.read_options(config.data.num_threads),
                     pretrained=pretrained)
