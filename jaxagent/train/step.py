@@ -32,7 +32,13 @@ def batch_shardings(batch: dict, mesh: Mesh, rules=None) -> dict:
 
   def one(x):
     names = ("batch",) + (None,) * (x.ndim - 1)
-    return NamedSharding(mesh, sharding.logical_to_spec(names, _global_shape(x), mesh, rules))
+    spec = sharding.logical_to_spec(names, _global_shape(x), mesh, rules)
+    if jax.process_count() > 1 and (not spec or spec[0] is None):
+      raise ValueError(
+          f"train.batch_size={_global_shape(x)[0]} does not divide over the data-parallel mesh axes "
+          f"{dict(mesh.shape)}, so the batch would be replicated, but each of the {jax.process_count()} "
+          "processes loads a different part of it; make train.batch_size a multiple of mesh data×fsdp (> 1)")
+    return NamedSharding(mesh, spec)
 
   return jax.tree.map(one, batch)
 
