@@ -27,7 +27,9 @@ import httpx
 
 # Decoder overrides of `serving.checkpoint.random_policy` (tiny = its defaults, the IL recipe's shapes).
 SIZES = {"tiny": {}, "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4,
-                               "head_dim": 64, "intermediate_size": 1408}}
+                               "head_dim": 64, "intermediate_size": 1408},
+         "medium": {"hidden_size": 1024, "num_layers": 4, "num_heads": 16, "num_kv_heads": 8, "head_dim": 64,
+                    "intermediate_size": 2816}}
 
 
 def _free_port() -> int:
@@ -101,7 +103,8 @@ def main() -> None:
   p.add_argument("--json", required=True)
   p.add_argument("--checkpoint", default="", help="policy to serve (default: a random VLM of --size)")
   p.add_argument("--size", choices=sorted(SIZES), default="small",
-                 help="random VLM: 'tiny' (the IL recipe's shapes, HTTP overhead dominates on a CPU) or 'small'")
+                 help="random VLM: 'tiny' (the IL recipe's shapes; HTTP overhead dominates on a CPU), 'small', "
+                      "'medium' (decoding weight-bound even on a CPU, where batching pays)")
   p.add_argument("--max-tokens", type=int, default=64)
   p.add_argument("--requests-per-client", type=int, default=4)
   args = p.parse_args()
