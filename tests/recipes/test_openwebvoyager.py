@@ -62,6 +62,30 @@ def test_explore_stops_when_all_solved_and_rejects_bad_attempts():
     owv_explore.explore([_task(0), _task(1)], 2, lambda k, p: [types.Trajectory(p[0], success=0.0)])
 
 
+class _NoPool:
+  """Stands in for an EnvPool that must not be used: any access fails the test."""
+
+  def __len__(self):
+    raise RuntimeError("the pool was used")
+
+
+def test_exploration_resumes_from_the_store_without_rerunning_episodes(tmp_path):
+  """A restarted exploration recomputes its rounds from the stored episodes: attempts already stored are not
+  run again (the pool is never touched here, so any rerun would fail)."""
+  from jaxagent.data.store import TrajectoryStore
+  store = TrajectoryStore(str(tmp_path / "store"))
+  for tid, k, ok in (("q0", 0, 1.0), ("q1", 0, 0.0), ("q1", 1, 1.0), ("q2", 0, 0.0), ("q2", 1, 0.0)):
+    t = _task(int(tid[1:]))
+    store.append(types.Trajectory(types.Task(id=owv_explore.attempt_id(t.id, k), intent=t.intent, site=t.site,
+                                             start_url=t.start_url), success=ok, status="completed"))
+  result = owv_explore.explore_in_pool(_NoPool(), None, None, [_task(0), _task(1), _task(2)], TrajectoryStore(store.path),
+                                       judge=None, max_attempts=2)
+  assert set(result.solved) == {"q0", "q1"} and result.attempts == {"q0": 1, "q1": 2, "q2": 2}
+  assert result.solved["q1"].task.id == "q1#run1" and result.episodes == 5
+  with pytest.raises(RuntimeError, match="pool was used"):  # a third attempt is not stored: it needs the pool
+    owv_explore.explore_in_pool(_NoPool(), None, None, [_task(2)], TrajectoryStore(store.path), judge=None, max_attempts=3)
+
+
 def test_judge_agreement_against_programmatic_verdicts():
   trajs = [types.Trajectory(_task(i), success=s, meta={"programmatic_success": p})
            for i, (s, p) in enumerate([(1.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 0.0)])]
@@ -128,21 +152,21 @@ def test_compact_tree_drops_urls_and_clips_lines():
 def _run(workdir, *extra, wait=True):
   cmd = [sys.executable, "-m", "jaxagent.main", "--config=configs/openwebvoyager.py:smoke", f"--workdir={workdir}",
          *extra]
-  env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": ""}  # one CPU device, as the smoke mesh says
   proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   if wait:
-    out, _ = proc.communicate(timeout=400)
+    out, _ = proc.communicate(timeout=1500)  # generous: a shared, overloaded CPU compiles slowly
     assert proc.returncode == 0, out[-4000:]
     return out
   return proc
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(3000)
 def test_smoke_run_killed_inside_a_stage_resumes_there(tmp_path):
   workdir = str(tmp_path / "owv")
   proc = _run(workdir, wait=False)
   ckpt = os.path.join(workdir, "il", "train", "checkpoints", "2")
-  deadline = time.monotonic() + 300
+  deadline = time.monotonic() + 1200
   while not os.path.isdir(ckpt) and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
@@ -178,3 +202,34 @@ def test_smoke_run_killed_inside_a_stage_resumes_there(tmp_path):
   again = _run(workdir)  # everything done: nothing reruns, same results
   assert again.count("done already") == 7
   assert json.load(open(os.path.join(workdir, "results.json"))) == results
+
+
+def test_released_folders_convert_finished_tasks_only(tmp_path):
+  from PIL import Image
+  root = tmp_path / "results"
+  for name, finished in (("taskShop--2", True), ("taskShop--10", True), ("taskShop--3", False)):
+    d = root / name
+    d.mkdir(parents=True)
+    user1 = {"role": "user", "content": [{"type": "text", "text": "Now given a task: Find the lamp.  Please "
+                                                                   "interact with https://shop and get the answer."}]}
+    user2 = {"role": "user", "content": [{"type": "text", "text": "Observation: please analyze the tree"}]}
+    msgs = [{"role": "system", "content": "sys"}, user1, {"role": "assistant", "content": "Thought: a\n\nAction: Click [3]"},
+            user2, {"role": "assistant", "content": "Thought: b\n\nAction: ANSWER; $5"}]
+    (d / "interact_messages.json").write_text(json.dumps(msgs))
+    for t in (1, 2):
+      (d / f"accessibility_tree{t}.txt").write_text(f"[1] RootWebArea 'page {t}'")
+      Image.new("RGB", (8, 8), (t * 40, 0, 0)).save(d / f"screenshot{t}.png")
+    (d / "agent.log").write_text("INFO - finish!!" if finished else "INFO - step 1")
+  out = tmp_path / "il" / "il.json"
+  out.parent.mkdir()
+  sys.path.insert(0, ROOT)
+  from data_tools import owv_convert
+  assert owv_convert.main(["released", "--root", str(root), "--out", str(out)]) == {
+      "tasks": 2, "unfinished_skipped": 1, "samples": 4}
+  from jaxagent.data import conversation
+  items = conversation.load_conversations(str(out))
+  assert [x["id"] for x in items] == ["Shop--00002--r00--step01", "Shop--00002--r00--step02",
+                                      "Shop--00010--r00--step01", "Shop--00010--r00--step02"]
+  assert items[0]["conversations"][0]["value"] == "Find the lamp.\nOBSERVATION:\n<image>\n[1] RootWebArea 'page 1'"
+  assert items[1]["conversations"][2]["value"] == "OBSERVATION:\n<image>\n[1] RootWebArea 'page 2'"
+  assert all(os.path.exists(p) for x in items for p in x["images"]) and len(items[1]["images"]) == 2
