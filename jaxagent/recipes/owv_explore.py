@@ -74,7 +74,10 @@ class ReferencedJudge:
     self.judge, self.reference = judge, reference
 
   def evaluate(self, task: types.Task, trajectory: types.Trajectory) -> types.Verdict:
-    verdict = self.judge.evaluate(task, trajectory)
+    # The collector judges before the store writes screenshots: hand an LLM judge the in-memory ones.
+    from jaxagent.policies import history_with_images  # pylint: disable=g-import-not-at-top
+    shown = dataclasses.replace(trajectory, steps=history_with_images(trajectory.steps))
+    verdict = self.judge.evaluate(task, shown)
     if self.reference is not None:
       trajectory.meta["programmatic_success"] = self.reference.evaluate(task, trajectory).success
     return verdict

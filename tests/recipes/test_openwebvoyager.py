@@ -86,6 +86,37 @@ def test_exploration_resumes_from_the_store_without_rerunning_episodes(tmp_path)
     owv_explore.explore_in_pool(_NoPool(), None, None, [_task(2)], TrajectoryStore(store.path), judge=None, max_attempts=3)
 
 
+class _ScreenshotCountingJudge:
+  """Stands in for the LLM judge (no endpoint here): says success iff it was shown every screenshot."""
+
+  def __init__(self):
+    self.shown = []
+
+  def evaluate(self, task, trajectory):
+    import numpy as np
+    self.shown = [s.image_path for s in trajectory.steps]
+    ok = all(isinstance(p, np.ndarray) for p in self.shown)
+    return types.Verdict(1.0 if ok else 0.0, "saw screenshots" if ok else "no screenshots")
+
+
+def test_referenced_judge_shows_in_memory_screenshots_and_records_programmatic_verdict():
+  import numpy as np
+  from jaxagent.judges import programmatic
+  task = types.Task(id="q", intent="What is the answer?", site="shop", start_url="__SITES__/shop/",
+                    evaluator={"kind": "string_match", "exact_match": "42"})
+  shot = np.zeros((4, 4, 3), np.uint8)
+  steps = [types.Step(step=0, action_text="Thought: x\n\nAction: ANSWER; 41",
+                      action=types.Action(types.ActionKind.ANSWER, text="41"),
+                      observation=types.Observation(url="u", screenshot=shot))]
+  traj = types.Trajectory(task, steps=steps, answer="41", status="completed")
+  inner = _ScreenshotCountingJudge()
+  verdict = owv_explore.ReferencedJudge(inner, programmatic.programmatic_judge()).evaluate(task, traj)
+  assert verdict.success == 1.0 and len(inner.shown) == 1 and inner.shown[0] is shot
+  assert traj.meta["programmatic_success"] == 0.0 and traj.steps[0].image_path is None  # the original is untouched
+  traj.success = verdict.success
+  assert owv_explore.agreement([traj])["agreement"] == 0.0
+
+
 def test_judge_agreement_against_programmatic_verdicts():
   trajs = [types.Trajectory(_task(i), success=s, meta={"programmatic_success": p})
            for i, (s, p) in enumerate([(1.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 0.0)])]
