@@ -4,9 +4,9 @@
 
 The bare file is the embedded default: the web-profile `shop_price` and `shop_reviews` queries of the bundled
 sites (accept cookies, search, open the product, answer; 4 steps), the scripted expert as the teacher, a tiny
-VLM trained from scratch, the programmatic judge, two iterations, 6-step episodes; a laptop CPU, no download, no key. The
-accessibility tree is shortened for its small context (`observation.max_tree_lines`, `drop_urls`); the paper
-variant shows the full tree.
+VLM trained from scratch, the programmatic judge, two iterations, 6-step episodes; a laptop CPU, no download,
+no key. The accessibility tree is shortened for its small context (`observation.max_tree_lines`, `drop_urls`);
+the paper variant shows the full tree.
 
 Variants (`configs/openwebvoyager.py:<name>`):
   smoke  a handful of queries and steps per stage, one iteration (`tests/recipes/test_openwebvoyager.py`).
