@@ -77,7 +77,7 @@ def get_config(arg=None):
   c.optimize = ml_collections.ConfigDict(dict(steps=100, batch_size=8, lr=1e-3))
   # Data mixing (§2.4's knob): weight of the IL data, of each earlier iteration's data, of this iteration's.
   c.mix = ml_collections.ConfigDict(dict(il=1.0, previous=1.0, current=1.0))
-  c.sampling = ml_collections.ConfigDict(dict(max_tokens=48, max_batch=16))
+  c.sampling = ml_collections.ConfigDict(dict(max_tokens=96, max_batch=16))  # the longest expert reply is 73 tokens
   c.eval = ml_collections.ConfigDict(dict(episodes=16, temperature=0.0, seed=1, miniwob="click-button", miniwob_seeds=2))
 
   c.train.progress_bar = False
