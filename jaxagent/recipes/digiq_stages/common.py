@@ -221,6 +221,11 @@ def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = N
   tokenizer = load_tokenizer(config.data.tokenizer or None)
   tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
   (model_fn, flops, num_image_tokens, preprocess), _ = build_vlm(config, tokenizer)
+  from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
+  longest = max(len(conversation.tokenize(it, tokenizer, num_image_tokens)[0]) for it in items)
+  if longest > config.data.seq_len + 1:  # a cut action string would teach the actor unparsable outputs
+    raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
+                     f"raise --config.data.seq_len to at least {longest}")
   encode = _WeightedEncode(tokenizer, config.data.seq_len, num_image_tokens, preprocess,
                            preprocess.crop_size or preprocess.size, config.data.max_images)
   ds = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))

@@ -1,0 +1,148 @@
+"""Digi-Q end to end on the `smoke` config, through real Chromium and the bundled sites.
+
+The module fixture starts `python -m jaxagent.main --config=configs/digiq.py:smoke` in a subprocess, SIGKILLs
+it once the first expert demonstration is committed (mid `il` stage), then runs the pipeline to the end in
+this process: the restarted run must keep the stored episode, run only the rest, and finish every stage.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from configs import digiq as digiq_config
+from jaxagent.agents import autoui
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.recipes import digiq
+from jaxagent.recipes.digiq_stages import common, data as data_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _episodes_committed(path: str) -> int:
+  if not os.path.exists(path):
+    return 0
+  with open(path, "rb") as f:
+    return sum(1 for line in f if line.endswith(b"\n"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("digiq"))
+  demos = os.path.join(workdir, "il", "demos", "episodes.jsonl")
+  env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
+  proc = subprocess.Popen([sys.executable, "-m", "jaxagent.main", "--config=configs/digiq.py:smoke",
+                           f"--workdir={workdir}"], cwd=ROOT, env=env, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 600
+  while _episodes_committed(demos) < 1 and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.2)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  killed_with = _episodes_committed(demos)
+  config = digiq_config.get_config("smoke")
+  results = digiq.run(config, workdir)
+  return config, workdir, results, killed_with
+
+
+def test_killed_run_resumes_without_redoing_episodes(pipeline):
+  config, workdir, _, killed_with = pipeline
+  assert killed_with >= 1, "the first run was killed before any demonstration was stored"
+  store = TrajectoryStore(os.path.join(workdir, "il", "demos"))
+  ids = [store.read_json(i)["task"]["id"] for i in range(len(store))]
+  assert len(ids) == config.demos.episodes == len(set(ids))  # nothing lost, nothing run twice
+  for stage in digiq.STAGES:
+    assert os.path.exists(os.path.join(workdir, stage, common.DONE)), stage
+
+
+def test_results_cover_the_three_policies(pipeline):
+  config, workdir, results, _ = pipeline
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved == results
+  for name in ("behaviour", "il_actor", "digiq_actor"):
+    assert saved[name]["episodes"] == config.eval.episodes
+    assert 0.0 <= saved[name]["success_rate"] <= 1.0
+  assert saved["digiq_minus_behaviour"] == pytest.approx(
+      saved["digiq_actor"]["success_rate"] - saved["behaviour"]["success_rate"])
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "eval")))
+
+
+def test_candidates_representations_and_scores_line_up(pipeline):
+  config, workdir, _, _ = pipeline
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  steps = [s for t in trajs for s in t.steps if s.candidates]
+  assert steps and all(len(s.candidates) == config.candidates.n and s.candidates[0] == s.action_text
+                       for s in steps)
+  reps = np.load(os.path.join(workdir, "representation", "reps.npz"))
+  assert reps["reps"].shape[:2] == (len(steps), config.candidates.n) and np.isfinite(reps["reps"]).all()
+  assert reps["image"].shape == reps["next_image"].shape == (len(steps), reps["reps"].shape[-1])
+  scores = np.load(os.path.join(workdir, "critic", "scores.npz"))
+  assert scores["q"].shape == (len(steps), config.candidates.n, 2) and scores["v"].shape == (len(steps), 2)
+  assert np.array_equal(scores["valid"][:, 0], [autoui.is_action_valid(s.candidates[0]) for s in steps])
+  with open(os.path.join(workdir, "viewer.html"), encoding="utf-8") as f:
+    page = f.read()
+  assert "data:image/png;base64," in page and "(dataset)" in page and "Q1" in page
+
+
+def test_finished_stage_is_skipped(tmp_path):
+  calls = []
+  timer = common.Timer(str(tmp_path))
+  first = common.run_stage(str(tmp_path), "s", lambda out: calls.append(out) or {"n": 1}, timer)
+  second = common.run_stage(str(tmp_path), "s", lambda out: calls.append(out) or {"n": 2}, timer)
+  assert first == second == {"n": 1} and len(calls) == 1
+
+
+def test_episodes_are_seeded_and_unique():
+  from jaxagent.types import Task
+  tasks = [Task(id=f"t{i}", intent="x", site="forum", start_url="u") for i in range(3)]
+  a = data_lib.episodes(tasks, 7, seed=1, tag="e")
+  assert [t.id for t in a] == [t.id for t in data_lib.episodes(tasks, 7, seed=1, tag="e")]
+  assert len({t.id for t in a}) == 7 and {t.id.split("@")[0] for t in a} == {"t0", "t1", "t2"}
+
+
+class _ScriptedSampler:
+  """A stand-in for the VLM actor's `generate` (returns queued texts; no model), to test the resampling rule."""
+
+  def __init__(self, texts):
+    self.texts, self.calls = list(texts), []
+
+  def generate(self, prompts, images, temperature=None):
+    self.calls.append(len(prompts))
+    return [self.texts.pop(0) for _ in prompts]
+
+
+def test_invalid_candidates_are_resampled_up_to_the_limit():
+  valid = ('Action Plan: [PRESS_BACK] ; Action Decision: "action_type": "PRESS_BACK", "touch_point": '
+           '"[-1.0, -1.0]", "lift_point": "[-1.0, -1.0]", "typed_text": ""')
+  assert autoui.is_action_valid(valid)
+  sampler = _ScriptedSampler([valid, "junk1", "junk2", "junk3", "junk4"])
+  out = data_lib.sample_candidates(sampler, ["p"], [None], n=3, temperature=1.2, resample=3)
+  assert out == [[valid, "junk4"]] and sampler.calls == [2, 1, 1, 1]
+
+
+_TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": "[{y}, {x}]", '
+        '"lift_point": "[{y}, {x}]", "typed_text": ""')
+
+
+def test_encoder_separates_actions_and_ignores_batch_padding():
+  from jaxagent.recipes.digiq_stages import represent
+  from jaxagent.serving.checkpoint import random_policy
+  enc = represent.Encoder(random_policy("vlm", seed=0, image_size=32), batch=4)
+  screen = np.full((915, 412, 3), 240, np.uint8)
+  screen[100:200] = (30, 90, 200)
+  taps = [_TAP.format(y=0.1, x=0.5), _TAP.format(y=0.8, x=0.2)]
+  back = taps[1].replace("DUAL_POINT", "PRESS_BACK")
+  reps = enc.pairs([screen] * 5, taps + [back, taps[0], taps[0]])
+  assert reps.shape == (5, enc.dim) and np.isfinite(reps).all()
+  assert not np.allclose(reps[0], reps[1]) and not np.allclose(reps[1], reps[2])  # cursor / prompt differ
+  np.testing.assert_allclose(reps[3], reps[0], atol=1e-5)  # same pair, other row
+  np.testing.assert_allclose(reps[4], reps[0], atol=1e-5)  # same pair, alone in a padded batch
+  feats = enc.images([screen, np.zeros_like(screen)])
+  assert feats.shape == (2, enc.dim) and not np.allclose(feats[0], feats[1])
