@@ -186,6 +186,7 @@ _PARENT = textwrap.dedent("""
     p = pool_lib.EnvPool({spec!r}, num_workers=1, step_timeout=600)
     p.reset([types.Task(id="a", intent="", site="", start_url="fake://a", max_steps=5)])
     print(p.marker, flush=True)
+    sys.stdin.readline()  # the test counts the marked processes first, then lets the parent go on
     {ending}
 """)
 _MID_STEP = "p.step([types.Action(types.ActionKind.WAIT)])"  # the env sleeps 600 s in step: mid-round
@@ -196,9 +197,11 @@ _MID_STEP = "p.step([types.Action(types.ActionKind.WAIT)])"  # the env sleeps 60
 def test_parent_exit_leaves_no_process_behind(ending, sig):
   code = _PARENT.format(path=sys.path, spec={**SPEC, "step_sleep": 600 if ending == _MID_STEP else 0},
                         ending=ending)
-  parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
   marker = parent.stdout.readline().strip()
   assert marker and len(pool_lib.marked_pids(marker)) == 2  # the worker and its env's helper
+  parent.stdin.write("go\n")
+  parent.stdin.flush()
   if sig is not None:
     time.sleep(0.5)  # let the parent enter its sleep / its pool round
     parent.send_signal(sig)
