@@ -30,17 +30,7 @@ def select_tasks(config) -> dict[str, list[types.Task]]:
   """The web-profile suites of the bundled sites (`sites.generate`), restricted to `config.tasks.templates`
   and capped at `config.tasks.max_steps` (OpenWebVoyager's `max_iter` 15)."""
   from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
-  suites = sites.generate(int(config.tasks.seed), profiles=("web",))
-  families = {f.strip() for f in str(config.tasks.templates).split(",") if f.strip()}
-  out = {}
-  for split, tasks in suites.items():
-    chosen = [dataclasses.replace(t, max_steps=min(t.max_steps, int(config.tasks.max_steps)))
-              for t in tasks if not families or t.template in families]
-    if not chosen:
-      raise ValueError(f"config.tasks.templates={config.tasks.templates!r} selects no {split} task; choose "
-                       f"among {sorted({t.template for t in tasks})}")
-    out[split] = chosen
-  return out
+  return sites.select(config.tasks.seed, "web", config.tasks.templates, config.tasks.max_steps)
 
 
 def query_sets(train: Sequence[types.Task], sizes: Mapping[str, int], seed: int) -> dict[str, list[types.Task]]:

@@ -11,5 +11,5 @@ See README.md in this directory for the sites, the URL scheme and the suites' ma
 from jaxagent.envs.sites.server import (PLACEHOLDER, SiteServer, ensure_server, episode_task, fetch_state,
                                         new_session, reset_session, stop_server)
 from jaxagent.envs.sites.tasks import (BUNDLED_SITES, PROFILES, TaskFileError, check_site, generate, load_tasks,
-                                       suite_summary, validate, write_suite)
+                                       select, suite_summary, validate, write_suite)
 from jaxagent.envs.sites.loaders import load_webarena, load_webvoyager

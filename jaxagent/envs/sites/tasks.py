@@ -18,6 +18,7 @@ test tasks, every other entity only in train tasks; the `shop_cheapest` template
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import random
@@ -274,6 +275,23 @@ def generate(seed: int = 0, profiles: Iterable[str] = PROFILES) -> dict[str, lis
         for profile in profiles:
           out[split].append(_for_profile(f"{profile}.{split}.{name}.{k}", profile, intent, evaluator, oracle,
                                          site, split, name, seed))
+  return out
+
+
+def select(seed: int, profile: str, templates: str = "", max_steps: int | None = None) -> dict[str, list[Task]]:
+  """One profile's suites restricted to the comma-separated template families (all when empty), each task's
+  `max_steps` capped: how recipes pick their tasks. A selection that leaves a split empty is an error naming
+  the families to choose from."""
+  families = {f.strip() for f in str(templates).split(",") if f.strip()}
+  out = {}
+  for split, tasks in generate(int(seed), profiles=(profile,)).items():
+    chosen = [t for t in tasks if not families or t.template in families]
+    if max_steps is not None:
+      chosen = [dataclasses.replace(t, max_steps=min(t.max_steps, int(max_steps))) for t in chosen]
+    if not chosen:
+      raise ValueError(f"config.tasks.templates={templates!r} selects no {split} task; choose among "
+                       f"{sorted({t.template for t in tasks})}")
+    out[split] = chosen
   return out
 
 

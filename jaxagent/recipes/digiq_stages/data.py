@@ -21,17 +21,7 @@ from jaxagent.recipes.digiq_stages import common
 def select_tasks(config) -> dict[str, list[types.Task]]:
   """The device-profile suites (phone, AitW action space) of the chosen template families, `max_steps` capped."""
   from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
-  suites = sites.generate(int(config.seed), profiles=("device",))
-  families = {f.strip() for f in str(config.tasks.templates).split(",") if f.strip()}
-  out = {}
-  for split, tasks in suites.items():
-    chosen = [dataclasses.replace(t, max_steps=min(t.max_steps, int(config.tasks.max_steps)))
-              for t in tasks if not families or t.template in families]
-    if not chosen:
-      raise ValueError(f"config.tasks.templates={config.tasks.templates!r} selects no {split} task; choose among "
-                       f"{sorted({t.template for t in tasks})}")
-    out[split] = chosen
-  return out
+  return sites.select(config.seed, "device", config.tasks.templates, config.tasks.max_steps)
 
 
 def episodes(tasks: Sequence[types.Task], n: int, seed: int, tag: str) -> list[types.Task]:

@@ -121,3 +121,14 @@ def test_episode_task_binds_a_session(suite):
   assert bound.allowed_origins == ("http://127.0.0.1:9",)
   other = sites.episode_task(t, base_url="http://127.0.0.1:9")
   assert other.meta["session"] != "ep1"
+
+
+def test_select_filters_families_caps_steps_and_names_the_choices():
+  chosen = sites.select(0, "device", "forum_author, forum_replies", max_steps=3)
+  assert chosen["train"] and chosen["test"]
+  for split in ("train", "test"):
+    assert {t.template for t in chosen[split]} <= {"forum_author", "forum_replies"}
+    assert all(t.profile == "device" and t.max_steps <= 3 for t in chosen[split])
+  assert len(sites.select(0, "web")["test"]) == len(sites.generate(0, profiles=("web",))["test"])
+  with pytest.raises(ValueError, match="choose among"):
+    sites.select(0, "web", "no_such_family")
