@@ -88,3 +88,17 @@ def base_config() -> ml_collections.ConfigDict:
   # Peak FLOP/s for MFU; 0 = the device's known peak, else the matmul rate measured on this machine.
   c.peak_flops = 0.0
   return c
+
+
+def vlm_model() -> ml_collections.ConfigDict:
+  """`config.model` for the tiny VLM every CPU default trains (IL, Digi-Q, OpenWebVoyager).
+
+  `kind`: "vlm" | "decoder"; `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), "" =
+  random init; `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
+  tokenizer).
+  """
+  return ml_collections.ConfigDict(dict(
+      kind="vlm", hf_checkpoint="",
+      decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                                             head_dim=32, intermediate_size=256)),
+      vision=ml_collections.ConfigDict()))

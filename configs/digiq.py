@@ -33,12 +33,7 @@ def get_config(arg=None):
   c.recipe = "digiq"
 
   # The VLM (actor and representation model), as configs/il.py builds it.
-  c.model = ml_collections.ConfigDict()
-  c.model.kind = "vlm"
-  c.model.hf_checkpoint = ""
-  c.model.decoder = ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                                                   head_dim=32, intermediate_size=256))
-  c.model.vision = ml_collections.ConfigDict()
+  c.model = common.vlm_model()
   c.data = ml_collections.ConfigDict()
   c.data.path = ""
   c.data.tokenizer = ""

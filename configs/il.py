@@ -26,13 +26,7 @@ def get_config(arg=None):
   c = common.base_config()
   c.recipe = "il"
 
-  c.model = ml_collections.ConfigDict()
-  c.model.kind = "vlm"  # vlm | decoder
-  c.model.hf_checkpoint = ""  # a local HF directory to start from (weights + tokenizer); "" = random init
-  # Overrides of the tiny defaults (`DecoderConfig.tiny`, `VLMConfig.tiny`); vocab_size follows the tokenizer.
-  c.model.decoder = ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                                                   head_dim=32, intermediate_size=256))
-  c.model.vision = ml_collections.ConfigDict()  # ViTConfig overrides, e.g. depth, width
+  c.model = common.vlm_model()
 
   c.data = ml_collections.ConfigDict()
   c.data.path = ""  # OWV JSON/JSONL; "" = synthetic conversations generated into <workdir>/data
