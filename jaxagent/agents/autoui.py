@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -173,10 +174,19 @@ def digiq_parse_action(raw_action: str) -> dict[str, str | None]:
   return out
 
 
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_POINT = rf'"\[({_NUMBER}), ({_NUMBER})\]"'
+_WELL_FORMED = re.compile(rf'Action Plan: \[[A-Z_, ]*\] ; Action Decision: "action_type": "({"|".join(ACTION_TYPES)})", '
+                          rf'"touch_point": {_POINT}, "lift_point": {_POINT}, "typed_text": "(.*)"', re.DOTALL)
+
+
 def is_action_valid(raw_action: str, max_plan_items: int = 8) -> bool:
   """Digi-Q's candidate filter (§5.1 step 4; reconstructed from the reference's description, the script
   itself is not public here): an Action Plan with <= 8 items all in the AutoUI action set, a typed_text
-  field, and touch/lift points that `ast.literal_eval` reads."""
+  field, and touch/lift points that `ast.literal_eval` reads. Stricter than the description in one way: the
+  whole string must be a well-formed AutoUI decision (known action type, two numbers in [-1, 1] per point),
+  because a tiny actor sampled at temperature 1.2 emits strings like `"lift_point": "[0.7950]", 0.1650]"`
+  whose fields still parse, and Best-of-N would otherwise teach them back to the actor."""
   try:
     plan = re.search(r"Action Plan: \[(.*?)\]", raw_action)
     if plan is None:
@@ -187,9 +197,12 @@ def is_action_valid(raw_action: str, max_plan_items: int = 8) -> bool:
     parsed = digiq_parse_action(raw_action)
     if not isinstance(parsed["typed_text"], str):
       return False
-    ast.literal_eval(parsed["touch_point"])
-    ast.literal_eval(parsed["lift_point"])
-    return True
+    with warnings.catch_warnings():  # sampled garbage like "[0.1.2]" would print a SyntaxWarning per call
+      warnings.simplefilter("ignore", SyntaxWarning)
+      ast.literal_eval(parsed["touch_point"])
+      ast.literal_eval(parsed["lift_point"])
+    form = _WELL_FORMED.fullmatch(raw_action.strip())
+    return form is not None and all(-1.0 <= float(v) <= 1.0 for v in form.groups()[1:5])
   except Exception:  # pylint: disable=broad-except
     return False
 

@@ -86,6 +86,13 @@ def test_render_and_digiq_validity():
   assert not autoui.is_action_valid(s.replace("[TYPE]", "[" + ",".join(["TYPE"] * 9) + "]"))  # > 8 items
   assert not autoui.is_action_valid(s.replace("[TYPE]", "[SCROLL]"))  # not an AutoUI action
   assert not autoui.is_action_valid(s.replace('"[-1.0, -1.0]"', '"[-1.0, oops]"'))  # points not literals
+  # Fields that parse inside a malformed decision (as a tiny actor samples them at temperature 1.2).
+  tap = EXAMPLE.replace("[DUAL_POINT,TYPE,PRESS_ENTER]", "[DUAL_POINT]")
+  assert autoui.is_action_valid(tap)
+  assert not autoui.is_action_valid(tap.replace('"[0.7761, 0.7089]", "typed_text"', '"[0.7089]", 0.7089]"typed_text"'))
+  assert not autoui.is_action_valid(tap.replace('"action_type": "DUAL_POINT"', '"action_type": "DUAL_Phosen]"'))
+  assert not autoui.is_action_valid(tap.replace("Action Decision", "Action Deision"))
+  assert not autoui.is_action_valid(tap.replace("[0.7761, 0.7089]", "[3.5, 0.7089]"))  # off the screen
   with pytest.raises(ValueError, match="cannot render action kind 'noop'"):
     fmt.render(Action(ActionKind.NOOP))
   with pytest.raises(ValueError, match="normalised to"):

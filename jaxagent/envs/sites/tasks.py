@@ -10,7 +10,8 @@ the solution as semantic steps the scripted expert executes in any agent format:
   {"op": "stop"}                                                          # ends it without one (state/URL tasks)
 
 Splits: products and threads whose id is a multiple of 5 (and the settings in TEST_SETTINGS) appear only in
-test tasks, every other entity only in train tasks; the `shop_cheapest` template family appears only in test
+test tasks, every other entity only in train tasks; sort tasks split their (category, sort order) pairs so that
+test pairs combine parts seen apart in train; the `shop_cheapest` template family appears only in test
 (held out for generalisation). Every profile gets the same instances: `web` and `text` start on the site,
 `device` starts on the phone's launcher and opens the app first.
 """
@@ -24,7 +25,7 @@ import os
 import random
 from typing import Any, Callable, Iterable
 
-from jaxagent.envs.sites import catalog, phone
+from jaxagent.envs.sites import catalog, phone, shop
 from jaxagent.envs.sites.server import PLACEHOLDER
 from jaxagent.envs.sites.state import DEFAULT_SETTINGS
 from jaxagent.types import Task
@@ -42,11 +43,18 @@ STREETS = ("Maple Street", "Harbour Road", "Station Lane", "Mill Way", "Orchard 
 # No ", " in typed text: AutoUI's parser splits its decision on ", " (`reference/algorithms.md` §4.3).
 MESSAGES = ("Thanks for sharing this!", "Great write-up and very helpful.", "I had the same problem last year.",
             "Could you post an update later?", "This matches my experience.", "Bookmarking this for later.")
+SORT_KEYS = ("price_asc", "price_desc", "rating")
 MAX_STEPS = {"web": 15, "text": 15, "device": 20}  # WebVoyager's 15 (§1.2); AitW Web Shopping's 20 (§4.1)
 
 
 def _split_of(entity_id: int) -> str:
   return "test" if entity_id % 5 == 0 else "train"
+
+
+def _pair_split(i: int, j: int) -> str:
+  """A compositional split of (category i, sort j) pairs: every category and every sort order appears in train,
+  one pairing per category only in test (a third of the pairs), so solving test needs the two parts combined."""
+  return "test" if (i + j) % 3 == 0 else "train"
 
 
 def _site_url(site: str) -> str:
@@ -129,7 +137,7 @@ def shop_category_sort(w, rng, entity):
   return (f"On Shoply, show the {cat} category sorted by {label}.",
           {"kind": "url_match", "url": f"/shop/c/{cat}?sort={sort}"},
           [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
-           click(f"a[href*='sort={sort}']"), STOP], "shop")
+           click(f"a[href*='sort={sort}']", shop.SORTS[sort]), STOP], "shop")
 
 
 def shop_brand_filter(w, rng, entity):
@@ -137,7 +145,8 @@ def shop_brand_filter(w, rng, entity):
   return (f"On Shoply, list the {brand} products in the {cat} category, best rated first.",
           {"kind": "url_match", "url": f"/shop/c/{cat}?brand={brand}&sort=rating"},
           [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
-           click(f"a.filter-brand[href*='brand={brand}']", brand), click("a[href*='sort=rating']"), STOP], "shop")
+           click(f"a.filter-brand[href*='brand={brand}']", brand),
+           click("a[href*='sort=rating']", shop.SORTS["rating"]), STOP], "shop")
 
 
 def shop_add_to_cart(w, rng, p):
@@ -169,8 +178,8 @@ def shop_cheapest(w, rng, entity):
           _shows({"kind": "string_match", "must_include": [best.name]},
                  f"/shop/c/{cat}?brand={brand}&sort=price_asc"),
           [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
-           click(f"a.filter-brand[href*='brand={brand}']", brand), click("a[href*='sort=price_asc']"),
-           answer(best.name)], "shop")
+           click(f"a.filter-brand[href*='brand={brand}']", brand),
+           click("a[href*='sort=price_asc']", shop.SORTS["price_asc"]), answer(best.name)], "shop")
 
 
 def forum_author(w, rng, t):
@@ -221,8 +230,7 @@ def _entities(world: catalog.World) -> dict[str, tuple[Template, list[tuple[Any,
   products = [(p, _split_of(p.id)) for p in world.products]
   threads = [(t, _split_of(t.id)) for t in world.threads]
   cats = sorted(catalog.CATEGORIES)
-  sorts = [((c, s), "test" if c in ("audio", "home") else "train") for c in cats
-           for s in ("price_asc", "price_desc", "rating")]
+  sorts = [((c, s), _pair_split(i, j)) for i, c in enumerate(cats) for j, s in enumerate(SORT_KEYS)]
   brand_cats = [((c, b), _split_of(catalog.BRANDS.index(b) + 1)) for c in cats for b in sorted(
       {p.brand for p in world.products if p.category == c})]
   settings = [(k, "test" if k in TEST_SETTINGS else "train") for k in phone.SETTING_LABELS]
@@ -238,7 +246,7 @@ def _entities(world: catalog.World) -> dict[str, tuple[Template, list[tuple[Any,
 
 
 # How many tasks of each template a split gets per profile (capped by the entities available).
-MIX = {"shop_price": 170, "shop_reviews": 120, "shop_category_sort": 24, "shop_brand_filter": 90,
+MIX = {"shop_price": 170, "shop_reviews": 120, "shop_category_sort": 32, "shop_brand_filter": 90,
        "shop_add_to_cart": 170, "shop_buy": 150, "shop_cheapest": 60, "forum_author": 120, "forum_replies": 90,
        "forum_location": 90, "forum_profile": 90, "forum_reply": 120, "settings_toggle": 5}
 TEST_FRACTION = 0.25

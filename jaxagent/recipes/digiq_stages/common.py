@@ -239,8 +239,10 @@ def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = N
 
 
 def pool_spec(config) -> dict[str, Any]:
+  """The phone (device profile) on the bundled sites. Set-of-marks elements are computed for the scripted
+  expert's touch points but not drawn: the actor sees the raw screen, as AitW's agents do."""
   from jaxagent.envs.sites import server  # pylint: disable=g-import-not-at-top
-  return {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "device", "observation": "som",
+  return {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "device", "observation": "som", "som_draw": False,
           "oracle_targets": True, "base_url": server.ensure_server(0)}
 
 

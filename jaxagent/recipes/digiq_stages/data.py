@@ -97,23 +97,25 @@ def sample_candidates(actor, prompts: Sequence[str], images, n: int, temperature
   return out
 
 
-def add_candidates(config, actor, trajs: Sequence[types.Trajectory], src: TrajectoryStore, out_store_dir: str
-                   ) -> list[types.Trajectory]:
-  """Copies each behaviour trajectory into a new store with `Step.candidates = [dataset action] + n−1 samples`;
-  trajectories already copied (a killed run) are skipped."""
+def add_candidates(config, actor, trajs: Sequence[types.Trajectory], src: TrajectoryStore, out_store_dir: str,
+                   chunk: int = 16) -> list[types.Trajectory]:
+  """Copies each behaviour trajectory into a new store with `Step.candidates = [dataset action] + n−1 samples`.
+  The states of `chunk` trajectories share the sampler calls; trajectories already copied (a killed run) are
+  skipped."""
   out = TrajectoryStore(out_store_dir)
   done = common.stored_ids(out)
+  todo = [t for t in trajs if t.task.id not in done]
   n = int(config.candidates.n)
-  for traj in trajs:
-    if traj.task.id in done:
-      continue
-    steps = [s for s in traj.steps if s.image_path]
+  for start in range(0, len(todo), chunk):
+    group = todo[start:start + chunk]
+    steps = [s for t in group for s in t.steps if s.image_path]
     images = [common.small_screen(src.load_image(s.image_path)) for s in steps]
     extra = sample_candidates(actor, [s.obs_text for s in steps], images, n, float(config.candidates.temperature),
                               int(config.candidates.resample))
     for s, cands in zip(steps, extra):
       s.candidates = [s.action_text] + cands
-    _copy_into(out, traj, src)
+    for traj in group:
+      _copy_into(out, traj, src)
   out.refresh()
   return [out.read(i) for i in range(len(out))]
 
