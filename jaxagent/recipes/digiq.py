@@ -53,12 +53,18 @@ def stage_tasks(config, workdir, out):
   return data_lib.write_tasks(out, data_lib.select_tasks(config))
 
 
+def _demo_samples(workdir):
+  """The IL stage's samples (the scripted expert's successful demonstration steps, images under il/images)."""
+  store = TrajectoryStore(os.path.join(workdir, "il", "demos"))
+  trajs = [store.read(i) for i in range(len(store))]
+  return data_lib.step_samples(trajs, store, os.path.join(workdir, "il", "images"))
+
+
 def stage_il(config, workdir, out):
   train = _tasks(config, workdir)["train"]
   demo_tasks = data_lib.episodes(train, int(config.demos.episodes), int(config.seed), "demo")
   trajs = data_lib.expert_rollout(config, os.path.join(out, "demos"), demo_tasks)
-  store = TrajectoryStore(os.path.join(out, "demos"))
-  items = data_lib.step_samples(trajs, store, os.path.join(out, "images"))
+  items = _demo_samples(workdir)
   if not items:
     raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
   common.train_vlm(_il_config(config), out, items)
@@ -164,6 +170,12 @@ def stage_actor(config, workdir, out):
   if not items:  # no state's best candidate clears the threshold: the extracted actor is the IL actor
     summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
     return summary
+  if float(a.il_weight) > 0:  # the demonstrations stay in the mix (see configs/digiq.py: actor.il_weight)
+    il_items = _demo_samples(workdir)
+    for it in il_items:
+      it["weight"] = float(a.il_weight)
+    items += il_items
+    summary["il_samples"] = len(il_items)
   acfg = common.sub_config(config, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed_offset=4)
   common.train_vlm(acfg, out, items, init_from=os.path.join(workdir, "il"))
   return summary
