@@ -1,0 +1,104 @@
+"""Does the Digi-Q critic rank candidates better than chance? A check against the scripted expert's actions.
+
+Best-of-N can only improve on the behaviour policy where the critic's argmax candidate is a better action than
+the dataset's. On the bundled sites the expert's action is known for every state a demonstration visited: a
+behaviour state whose URL (session prefix removed) and AutoUI prompt (goal + previous action) equal a
+demonstration step's is the same state, and the expert's action there is the reference. For each demonstration
+step index this prints how often the reference is matched by the critic's argmax candidate, by the dataset
+action, and by a uniformly random valid candidate (the chance level), over the states that matched.
+
+  python data_tools/critic_ranking.py --workdir /tmp/digiq    # a finished (or past-critic) Digi-Q workdir
+
+A tap matches when its touch point is within `--tol-x`, `--tol-y` (screen fractions) of the expert's; other
+actions when their action type is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Sequence
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxagent import types  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.agents import autoui  # noqa: E402  pylint: disable=g-import-not-at-top
+
+_SESSION = re.compile(r"^.*?/s/[^/]+/")
+
+
+def state_key(step: types.Step) -> tuple[str, str]:
+  """(URL inside the session, prompt): equal for the same page reached by the same last action on one task."""
+  return _SESSION.sub("", step.url), step.obs_text
+
+
+def same_action(action: str, reference: str, tol_x: float = 0.03, tol_y: float = 0.015) -> bool:
+  """Whether a candidate does what the reference action does (a valid AutoUI decision of the same type, and
+  for taps a touch point within the tolerances)."""
+  if not autoui.is_action_valid(action):
+    return False
+  got, want = autoui.digiq_parse_action(action), autoui.digiq_parse_action(reference)
+  if got["action_type"] != want["action_type"]:
+    return False
+  if want["action_type"] != "DUAL_POINT":
+    return True
+  (x, y), (wx, wy) = (json.loads(got["touch_point"]), json.loads(want["touch_point"]))
+  return abs(x - wx) <= tol_x and abs(y - wy) <= tol_y
+
+
+def ranking_report(demos: Sequence[types.Trajectory], trajs: Sequence[types.Trajectory], rows: np.ndarray,
+                   q: np.ndarray, valid: np.ndarray, tol_x: float = 0.03, tol_y: float = 0.015
+                   ) -> dict[int, dict[str, float]]:
+  """{demonstration step index: {"states", "argmax_q", "dataset", "random_valid"}} (fractions matching the
+  expert). `rows` [M, 2] (trajectory, step), `q` [M, N] or [M, N, heads] (heads reduced by max, the code's
+  default), `valid` [M, N] as the critic stage writes them to `scores.npz`."""
+  reference = {}
+  for demo in demos:
+    if demo.success == 1.0:
+      for k, step in enumerate(demo.steps):
+        reference.setdefault(state_key(step), (k, step.action_text))
+  q = np.asarray(q)
+  q = q.max(-1) if q.ndim == 3 else q
+  hits: dict[int, list[tuple[float, float, float]]] = {}
+  for r, (i, k) in enumerate(np.asarray(rows)):
+    step = trajs[int(i)].steps[int(k)]
+    ref = reference.get(state_key(step))
+    if ref is None or not step.candidates or not np.any(valid[r]):
+      continue
+    match = [same_action(c, ref[1], tol_x, tol_y) for c in step.candidates]
+    best = int(np.argmax(np.where(valid[r], q[r], -np.inf)))
+    chance = float(np.mean([m for m, ok in zip(match, valid[r]) if ok]))
+    hits.setdefault(ref[0], []).append((float(match[best]), float(match[0]), chance))
+  return {k: {"states": len(v), **dict(zip(("argmax_q", "dataset", "random_valid"), np.mean(v, 0).tolist()))}
+          for k, v in sorted(hits.items())}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="a Digi-Q workdir (il/demos, candidates/store, critic/)")
+  parser.add_argument("--tol-x", type=float, default=0.03)
+  parser.add_argument("--tol-y", type=float, default=0.015)
+  parser.add_argument("--json", default="", help="also write the report here")
+  args = parser.parse_args(argv)
+  from jaxagent.data.store import TrajectoryStore  # pylint: disable=g-import-not-at-top
+  read = lambda path: [s.read(i) for s in [TrajectoryStore(path)] for i in range(len(s))]
+  scores = dict(np.load(os.path.join(args.workdir, "critic", "scores.npz")))
+  report = ranking_report(read(os.path.join(args.workdir, "il", "demos")),
+                          read(os.path.join(args.workdir, "candidates", "store")), scores["rows"], scores["q"],
+                          scores["valid"], args.tol_x, args.tol_y)
+  print("demo step  states  argmax-Q  dataset  random valid  (fraction matching the expert's action)")
+  for k, r in report.items():
+    print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}")
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump({str(k): v for k, v in report.items()}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

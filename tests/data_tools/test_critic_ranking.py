@@ -1,0 +1,51 @@
+"""The critic-ranking check on hand-built trajectories: state matching, tap tolerance, argmax vs chance."""
+
+import numpy as np
+
+from data_tools import critic_ranking
+from jaxagent.types import Step, Task, Trajectory
+
+
+def _tap(x, y):
+  return (f'Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": "[{x}, {y}]", '
+          f'"lift_point": "[{x}, {y}]", "typed_text": ""')
+
+
+DONE = ('Action Plan: [STATUS_TASK_COMPLETE] ; Action Decision: "action_type": "STATUS_TASK_COMPLETE", '
+        '"touch_point": "[-1.0, -1.0]", "lift_point": "[-1.0, -1.0]", "typed_text": ""')
+TASK = Task(id="t", intent="open office", site="shop", start_url="u")
+
+
+def _traj(session, steps, success=1.0):
+  return Trajectory(task=TASK, success=success, steps=[
+      Step(step=k, url=f"http://127.0.0.1:9/s/{session}/{url}", obs_text=prompt, action_text=action,
+           candidates=cands) for k, (url, prompt, action, cands) in enumerate(steps)])
+
+
+def test_ranking_report_against_the_expert():
+  demo = _traj("a", [("launcher/", "p0", _tap(0.2, 0.16), None), ("shop/", "p1", _tap(0.15, 0.28), None),
+                     ("shop/c/office", "p2", DONE, None)])
+  garbled = _tap(0.15, 0.28).replace('"lift_point": "[0.15, 0.28]"', '"lift_point": "[0.28]"')
+  behaviour = _traj("b", [
+      ("launcher/", "p0", _tap(0.2, 0.16), [_tap(0.2, 0.16), _tap(0.21, 0.165), _tap(0.9, 0.9), "garbage"]),
+      # the category step: the dataset tap misses; candidate 1 is within tolerance, 2 is far, 3 is garbled
+      ("shop/", "p1", _tap(0.15, 0.5), [_tap(0.15, 0.5), _tap(0.16, 0.285), _tap(0.5, 0.28), garbled]),
+      ("shop/", "p-unseen", DONE, [DONE] * 4),  # no demonstration visited this state: skipped
+  ], success=0.0)
+  rows = np.array([[0, 0], [0, 1], [0, 2]])
+  valid = np.array([[True, True, True, False], [True, True, True, False], [True, True, True, False]])
+  q = np.array([[0.1, 0.2, 0.9, 0.0], [0.1, 0.8, 0.3, 5.0], [0.0, 0.0, 0.0, 0.0]])
+  q = np.stack([q, q - 1.0], -1)  # two heads; the report takes their max
+  report = critic_ranking.ranking_report([demo], [behaviour], rows, q, valid)
+  assert set(report) == {0, 1}
+  # launcher: argmax picks the far tap (0.9, 0.9); the dataset tap matches; 2 of 3 valid candidates match
+  assert report[0] == {"states": 1, "argmax_q": 0.0, "dataset": 1.0, "random_valid": 2 / 3}
+  # category: the garbled candidate's high Q is ignored (invalid); argmax = the tap within tolerance
+  assert report[1] == {"states": 1, "argmax_q": 1.0, "dataset": 0.0, "random_valid": 1 / 3}
+
+
+def test_same_action_tolerance_and_types():
+  assert critic_ranking.same_action(_tap(0.5, 0.5), _tap(0.52, 0.51))
+  assert not critic_ranking.same_action(_tap(0.5, 0.5), _tap(0.5, 0.52))  # y tolerance 0.015
+  assert not critic_ranking.same_action(DONE, _tap(0.5, 0.5))
+  assert critic_ranking.same_action(DONE, DONE)
