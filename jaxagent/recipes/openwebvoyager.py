@@ -55,7 +55,8 @@ def stage_tasks(config, workdir, out):
   sizes = {"il": int(config.il.queries), **{f"iter{k}": int(config.explore.queries)
                                             for k in range(1, int(config.iterations) + 1)}}
   sets = owv_data.query_sets(suites["train"], sizes, int(config.seed))
-  sets["test"] = owv_data.query_sets(suites["test"], {"test": int(config.eval.episodes)}, int(config.eval.seed))["test"]
+  episodes = int(config.eval.episodes) if int(config.eval.episodes) > 0 else len(suites["test"])  # 0: each once
+  sets["test"] = owv_data.query_sets(suites["test"], {"test": episodes}, int(config.eval.seed))["test"]
   for name, tasks in sets.items():
     owv_data.write_tasks(os.path.join(out, f"{name}.jsonl"), tasks)
   return {name: len(tasks) for name, tasks in sets.items()}

@@ -36,14 +36,16 @@ def select_tasks(config) -> dict[str, list[types.Task]]:
 def query_sets(train: Sequence[types.Task], sizes: Mapping[str, int], seed: int) -> dict[str, list[types.Task]]:
   """Disjoint query sets drawn from the train split, one per stage (`{"il": 1516, "iter1": 480, ...}` in the
   paper, §2.3–2.4): a seeded shuffle cut in order, so IL and each iteration see different queries. When the
-  split is smaller than the total, later sets wrap around (reusing queries) rather than coming out empty."""
+  split is smaller than the total, later sets wrap around (reusing queries) rather than coming out empty; a
+  query repeated within one set gets a distinct id (`<id>@<set>.r<n>`, n ≥ 1), so each is its own episode."""
   order = list(train)
   random.Random(seed).shuffle(order)
   out, pos = {}, 0
   for name, n in sizes.items():
     picked = [order[(pos + k) % len(order)] for k in range(int(n))]
     pos += int(n)
-    out[name] = [dataclasses.replace(t, id=f"{t.id}@{name}") for t in picked]
+    out[name] = [dataclasses.replace(t, id=f"{t.id}@{name}" + (f".r{k // len(order)}" if k >= len(order) else ""))
+                 for k, t in enumerate(picked)]
   return out
 
 

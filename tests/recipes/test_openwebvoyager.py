@@ -166,6 +166,20 @@ def test_query_sets_are_disjoint_and_tagged():
   assert all(t.id.endswith("@iter1") for t in sets["iter1"])
 
 
+def test_query_sets_wrap_around_with_distinct_ids():
+  """A set larger than the split (the 8-task test split evaluated 20 times) repeats queries under new ids, so
+  the store keeps every episode; each query appears 2 or 3 times."""
+  tasks = [_task(i) for i in range(8)]
+  test = owv_data.query_sets(tasks, {"test": 20}, seed=1)["test"]
+  ids = [t.id for t in test]
+  assert len(set(ids)) == 20 and sum(i.endswith("@test") for i in ids) == 8
+  assert sum(i.endswith("@test.r1") for i in ids) == 8 and sum(i.endswith("@test.r2") for i in ids) == 4
+  counts = {}
+  for t in test:
+    counts[t.intent] = counts.get(t.intent, 0) + 1
+  assert sorted(counts.values()) == [2] * 4 + [3] * 4
+
+
 def test_compact_tree_drops_urls_and_clips_lines():
   tree = "[1] RootWebArea 'Home' focused: True url: http://x/s/abc/shop/\n\t[2] link 'Cart' url: http://x/c\n\t[3] button 'Go'"
   assert owv_data.compact_tree(tree) == tree
