@@ -179,7 +179,8 @@ def test_every_helper_process_of_a_killed_worker_is_gone(pool, tmp_path):
 
 
 _PARENT = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, even if our launcher ignored it
     sys.path[:0] = {path!r}
     from jaxagent import types
     from jaxagent.envs import pool as pool_lib
