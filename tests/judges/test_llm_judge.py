@@ -135,7 +135,11 @@ def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
   assert sum(s.verdicts.values()) == 200
   assert sum(s.failures.values()) == unjudged_by_api
   assert set(s.retries) == {"429", "5xx", "timeout", "malformed"}, s.retries
-  assert s.api_calls == sum(state.outcomes.values()) == 200 + sum(s.retries.values())
+  assert s.api_calls == 200 + sum(s.retries.values())
+  # The server saw every call, except that on a loaded machine a call can time out on the client before the
+  # server's handler thread has read it (the server then never counts it): only timeouts may go missing.
+  server_calls = sum(state.outcomes.values())
+  assert s.api_calls - s.retries.get("timeout", 0) - unjudged_by_api <= server_calls <= s.api_calls
   # Every injected fault cost a retry or ended in "unjudged" (on a loaded machine a slow "ok" may time out too).
   server_faults = sum(n for outcome, n in state.outcomes.items() if outcome != "ok")
   assert 0 < server_faults <= sum(s.retries.values()) + unjudged_by_api
