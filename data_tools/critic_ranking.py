@@ -9,6 +9,13 @@ action, and by a uniformly random valid candidate (the chance level), over the s
 
   python data_tools/critic_ranking.py --workdir /tmp/digiq    # a finished (or past-critic) Digi-Q workdir
 
+Two reference columns bound what any critic could do on these data:
+  * `any valid`: a valid candidate matches the expert (the ceiling of re-ranking these candidates);
+  * `lookup`: a leave-one-out table of the behaviour data itself. A candidate's value is the mean success of the
+    *other* visits to the same state (same URL and prompt, hence the same goal) whose dataset action does the
+    same thing; unseen actions get the state's mean. Where it beats `argmax-Q`, the outcomes in the data did
+    separate the candidates and the critic failed to learn it; where it does not, the data are too thin.
+
 A tap matches when its touch point is within `--tol-x`, `--tol-y` (screen fractions) of the expert's; other
 actions when their action type is the same.
 """
@@ -39,8 +46,8 @@ def state_key(step: types.Step) -> tuple[str, str]:
 
 def same_action(action: str, reference: str, tol_x: float = 0.03, tol_y: float = 0.015) -> bool:
   """Whether a candidate does what the reference action does (a valid AutoUI decision of the same type, and
-  for taps a touch point within the tolerances)."""
-  if not autoui.is_action_valid(action):
+  for taps a touch point within the tolerances). Nothing matches an invalid reference."""
+  if not (autoui.is_action_valid(action) and autoui.is_action_valid(reference)):
     return False
   got, want = autoui.digiq_parse_action(action), autoui.digiq_parse_action(reference)
   if got["action_type"] != want["action_type"]:
@@ -64,18 +71,47 @@ def ranking_report(demos: Sequence[types.Trajectory], trajs: Sequence[types.Traj
         reference.setdefault(state_key(step), (k, step.action_text))
   q = np.asarray(q)
   q = q.max(-1) if q.ndim == 3 else q
-  hits: dict[int, list[tuple[float, float, float]]] = {}
-  for r, (i, k) in enumerate(np.asarray(rows)):
+  rows = np.asarray(rows)
+  lookup = lookup_values(trajs, rows, tol_x, tol_y)
+  hits: dict[int, list[tuple[float, ...]]] = {}
+  for r, (i, k) in enumerate(rows):
     step = trajs[int(i)].steps[int(k)]
     ref = reference.get(state_key(step))
     if ref is None or not step.candidates or not np.any(valid[r]):
       continue
     match = [same_action(c, ref[1], tol_x, tol_y) for c in step.candidates]
     best = int(np.argmax(np.where(valid[r], q[r], -np.inf)))
+    by_table = int(np.argmax(np.where(valid[r], lookup[r], -np.inf)))  # ties: the first, i.e. the dataset action
     chance = float(np.mean([m for m, ok in zip(match, valid[r]) if ok]))
-    hits.setdefault(ref[0], []).append((float(match[best]), float(match[0]), chance))
-  return {k: {"states": len(v), **dict(zip(("argmax_q", "dataset", "random_valid"), np.mean(v, 0).tolist()))}
-          for k, v in sorted(hits.items())}
+    ceiling = float(any(m and ok for m, ok in zip(match, valid[r])))
+    hits.setdefault(ref[0], []).append((float(match[best]), float(match[0]), chance, float(match[by_table]),
+                                        ceiling))
+  return {k: {"states": len(v), **dict(zip(COLUMNS, np.mean(v, 0).tolist()))} for k, v in sorted(hits.items())}
+
+
+COLUMNS = ("argmax_q", "dataset", "random_valid", "lookup", "any_valid")
+
+
+def lookup_values(trajs: Sequence[types.Trajectory], rows: np.ndarray, tol_x: float = 0.03, tol_y: float = 0.015
+                  ) -> np.ndarray:
+  """[M, N] leave-one-out values of every row's candidates: the mean success of the other rows at the same
+  state (`state_key`) whose dataset action (candidate 0) is `same_action` as the candidate, else the mean success
+  of the state's other rows (0.0 when the state was visited once)."""
+  groups: dict[tuple[str, str], list[int]] = {}
+  for r, (i, k) in enumerate(rows):
+    groups.setdefault(state_key(trajs[int(i)].steps[int(k)]), []).append(r)
+  n = max((len(trajs[int(i)].steps[int(k)].candidates or ()) for i, k in rows), default=0)
+  values = np.zeros((len(rows), n), np.float64)
+  for members in groups.values():
+    won = {r: float(trajs[int(rows[r][0])].success == 1.0) for r in members}
+    taken = {r: trajs[int(rows[r][0])].steps[int(rows[r][1])].candidates[0] for r in members}
+    for r in members:
+      others = [o for o in members if o != r]
+      prior = float(np.mean([won[o] for o in others])) if others else 0.0
+      for c, cand in enumerate(trajs[int(rows[r][0])].steps[int(rows[r][1])].candidates):
+        same = [won[o] for o in others if same_action(taken[o], cand, tol_x, tol_y)]
+        values[r, c] = float(np.mean(same)) if same else prior
+  return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,9 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   report = ranking_report(read(os.path.join(args.workdir, "il", "demos")),
                           read(os.path.join(args.workdir, "candidates", "store")), scores["rows"], scores["q"],
                           scores["valid"], args.tol_x, args.tol_y)
-  print("demo step  states  argmax-Q  dataset  random valid  (fraction matching the expert's action)")
+  print("demo step  states  argmax-Q  dataset  random valid  lookup  any valid  (fraction matching the expert)")
   for k, r in report.items():
-    print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}")
+    print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}"
+          f"  {r['lookup']:6.2f}  {r['any_valid']:9.2f}")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump({str(k): v for k, v in report.items()}, f, indent=1)

@@ -39,9 +39,33 @@ def test_ranking_report_against_the_expert():
   report = critic_ranking.ranking_report([demo], [behaviour], rows, q, valid)
   assert set(report) == {0, 1}
   # launcher: argmax picks the far tap (0.9, 0.9); the dataset tap matches; 2 of 3 valid candidates match
-  assert report[0] == {"states": 1, "argmax_q": 0.0, "dataset": 1.0, "random_valid": 2 / 3}
+  # (each state was visited once: the lookup table has no other visit and keeps the dataset action)
+  assert report[0] == {"states": 1, "argmax_q": 0.0, "dataset": 1.0, "random_valid": 2 / 3, "lookup": 1.0,
+                       "any_valid": 1.0}
   # category: the garbled candidate's high Q is ignored (invalid); argmax = the tap within tolerance
-  assert report[1] == {"states": 1, "argmax_q": 1.0, "dataset": 0.0, "random_valid": 1 / 3}
+  assert report[1] == {"states": 1, "argmax_q": 1.0, "dataset": 0.0, "random_valid": 1 / 3, "lookup": 0.0,
+                       "any_valid": 1.0}
+
+
+def test_lookup_table_leaves_the_row_out():
+  demo = _traj("d", [("shop/", "p1", _tap(0.15, 0.28), None)])
+  right, wrong, far = _tap(0.15, 0.28), _tap(0.15, 0.5), _tap(0.9, 0.9)
+  behaviour = [_traj("a", [("shop/", "p1", right, [right, wrong])], success=1.0),
+               _traj("b", [("shop/", "p1", wrong, [wrong, right])], success=0.0),
+               _traj("c", [("shop/", "p1", wrong, [wrong, far])], success=0.0),
+               _traj("e", [("shop/", "p-other", right, [right, wrong])], success=1.0)]  # another state
+  rows = np.array([[0, 0], [1, 0], [2, 0], [3, 0]])
+  values = critic_ranking.lookup_values(behaviour, rows)
+  # a: its own success is left out; b and c (both failures, both "wrong") are the others → 0 for both
+  # b: "wrong" was c's action (failed) → 0; "right" was a's (succeeded) → 1
+  # c: "wrong" → b's failure, 0; "far" was never taken → the others' mean (a 1, b 0) = 0.5
+  # e: no other visit to its state → 0 for every candidate
+  np.testing.assert_allclose(values, [[0, 0], [0, 1], [0, 0.5], [0, 0]])
+  valid = np.ones((4, 2), bool)
+  report = critic_ranking.ranking_report([demo], behaviour, rows, np.zeros((4, 2)), valid)
+  # the expert taps "right" at p1; the lookup picks it at a (tie → dataset) and b, "far" at c
+  assert report[0]["states"] == 3
+  assert report[0]["lookup"] == 2 / 3 and report[0]["dataset"] == 1 / 3 and report[0]["any_valid"] == 2 / 3
 
 
 def test_same_action_tolerance_and_types():
