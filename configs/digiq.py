@@ -7,18 +7,19 @@ The bare file is the embedded default: the device-profile (412×915 phone, AitW 
 tasks of the bundled sites (open Shop from the launcher, accept cookies, tap the category, tap the sort order,
 complete: 5 steps; 16 (category, sort) pairs in train, the 8 held-out pairs in test, so every test task combines
 two steps seen apart), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a
-laptop CPU with no download. The IL actor is trained briefly (500 steps on 40 demonstrations) so that, sampled at
+laptop CPU with no download. Its critic regresses on MC returns and reads the goal as a bag of words and each
+tap's point directly (see `critic` below); the paper variant restores the code's bellman critic. The IL actor is trained briefly (500 steps on 40 demonstrations) so that, sampled at
 temperature 1, it succeeds on some behaviour episodes and fails on others, as AutoUI's zero-shot data do. Every
 stage writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished stages and resumes a stage
 where it stopped (collections by episode, trainings from Orbax).
 
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
-  paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, N = 16, γ 0.95, τ 0.10, critic
-         lr 1e-5 (800 steps of batch 128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature
-         0.8, 10 steps per episode, an AutoUI-size actor and a LLaVA-1.5-7B representation model from local
-         HF directories (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs
-         accelerators.
+  paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, N = 16, γ 0.95, τ 0.10, the
+         code's bellman critic (pooler text encoders, no point features), critic lr 1e-5 (800 steps of batch
+         128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature 0.8, 10 steps per episode,
+         an AutoUI-size actor and a LLaVA-1.5-7B representation model from local HF directories
+         (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs accelerators.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def get_config(arg=None):
   c.representation.batch = 32  # (state, action) pairs per extraction forward pass
 
   c.critic = ml_collections.ConfigDict()
-  c.critic.steps = 400
+  c.critic.steps = 1500  # ~10 s on the CPU; at 400 the critic under-fits the candidates' outcomes
   c.critic.batch_size = 64
   c.critic.lr = 1e-3  # paper 1e-5 (RoBERTa encoders, 800 steps of 128); the CPU critic is tiny
   c.critic.clip_norm = 1.0  # paper 0.01
@@ -78,9 +79,15 @@ def get_config(arg=None):
   c.critic.tau = 0.10
   c.critic.target_every = 10  # optimizer steps per Polyak update (paper: once per 1-step epoch)
   c.critic.backup = "dataset"  # dataset (code) | sample | mean (paper's J_V over π_β candidates)
-  c.critic.advantage_estimation = "bellman"  # bellman | mc
+  # bellman (the code's default) | mc (the code's other option). On 64 behaviour episodes the bellman critic
+  # ranks the category step's candidates at chance; regressing on the MC return does not (README, Digi-Q).
+  c.critic.advantage_estimation = "mc"
   c.critic.learn_metric = "regression"  # regression | classification
   c.critic.text_dim = 32
+  # CPU substitutions for what LLaVA and RoBERTa give the paper's critic (`jaxagent/models/critic.py`): goal and
+  # action texts as hashed bags of words, and Fourier features of the taps' points.
+  c.critic.text_encoder = "bag_of_words"  # bag_of_words | pooler (the paper-scale stand-in)
+  c.critic.point_octaves = 4  # 0 = the critic sees taps only through the representation (the paper)
 
   c.actor = ml_collections.ConfigDict()
   c.actor.loss = "best-of-n"  # best-of-n | pg | awr | sft
@@ -132,7 +139,8 @@ def get_config(arg=None):
     c.sampling.max_tokens = 128
     c.candidates.n = 16
     c.representation.update(steps=2000, batch_size=16, lr=2e-5)
-    c.critic.update(steps=800, batch_size=128, lr=1e-5, clip_norm=0.01, target_every=1, text_dim=768)
+    c.critic.update(steps=800, batch_size=128, lr=1e-5, clip_norm=0.01, target_every=1, text_dim=768,
+                    advantage_estimation="bellman", text_encoder="pooler", point_octaves=0)
     c.actor.update(steps=900, batch_size=128, lr=1e-4, il_weight=0.0)
     c.eval.update(episodes=96, temperature=0.8)
     c.optim.clip_norm = 0.01

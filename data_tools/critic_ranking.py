@@ -16,6 +16,10 @@ Two reference columns bound what any critic could do on these data:
     same thing; unseen actions get the state's mean. Where it beats `argmax-Q`, the outcomes in the data did
     separate the candidates and the critic failed to learn it; where it does not, the data are too thin.
 
+What the actor is trained on matters more than the argmax everywhere: Best-of-N keeps only the states whose best
+candidate's advantage clears the threshold. The second table (`selection_report`) gives, on those states, how
+often the kept candidate and the dataset action match the expert: Best-of-N helps where the first is higher.
+
 A tap matches when its touch point is within `--tol-x`, `--tol-y` (screen fractions) of the expert's; other
 actions when their action type is the same.
 """
@@ -64,11 +68,7 @@ def ranking_report(demos: Sequence[types.Trajectory], trajs: Sequence[types.Traj
   """{demonstration step index: {"states", "argmax_q", "dataset", "random_valid"}} (fractions matching the
   expert). `rows` [M, 2] (trajectory, step), `q` [M, N] or [M, N, heads] (heads reduced by max, the code's
   default), `valid` [M, N] as the critic stage writes them to `scores.npz`."""
-  reference = {}
-  for demo in demos:
-    if demo.success == 1.0:
-      for k, step in enumerate(demo.steps):
-        reference.setdefault(state_key(step), (k, step.action_text))
+  reference = _expert_reference(demos)
   q = np.asarray(q)
   q = q.max(-1) if q.ndim == 3 else q
   rows = np.asarray(rows)
@@ -90,6 +90,42 @@ def ranking_report(demos: Sequence[types.Trajectory], trajs: Sequence[types.Traj
 
 
 COLUMNS = ("argmax_q", "dataset", "random_valid", "lookup", "any_valid")
+
+
+def _expert_reference(demos: Sequence[types.Trajectory]) -> dict[tuple[str, str], tuple[int, str]]:
+  """{state_key: (demonstration step index, expert action)} over the successful demonstrations."""
+  reference = {}
+  for demo in demos:
+    if demo.success == 1.0:
+      for k, step in enumerate(demo.steps):
+        reference.setdefault(state_key(step), (k, step.action_text))
+  return reference
+
+
+def selection_report(demos: Sequence[types.Trajectory], trajs: Sequence[types.Trajectory], rows: np.ndarray,
+                     q: np.ndarray, v: np.ndarray, valid: np.ndarray, threshold: float = 0.10,
+                     head_reduce: str = "max", tol_x: float = 0.03, tol_y: float = 0.015
+                     ) -> dict[int, dict[str, float]]:
+  """{demonstration step index: {"selected", "picked", "dataset"}}: over the states Best-of-N keeps (the best
+  candidate's Q − V above `threshold`, `rl.losses.best_of_n_select` as the actor stage runs it), how many
+  matched a demonstration state and the fractions of those whose kept candidate / dataset action match the
+  expert."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxagent.rl import losses  # pylint: disable=g-import-not-at-top
+  idx, adv = losses.best_of_n_select(jnp.asarray(q), jnp.asarray(v), jnp.asarray(valid), head_reduce, True)
+  keep = np.asarray(losses.best_of_n_weights(adv, "best-of-n", threshold)) > 0
+  idx = np.asarray(idx)
+  reference = _expert_reference(demos)
+  hits: dict[int, list[tuple[float, float]]] = {}
+  for r, (i, k) in enumerate(np.asarray(rows)):
+    step = trajs[int(i)].steps[int(k)]
+    ref = reference.get(state_key(step))
+    if ref is None or not keep[r]:
+      continue
+    hits.setdefault(ref[0], []).append((float(same_action(step.candidates[idx[r]], ref[1], tol_x, tol_y)),
+                                        float(same_action(step.candidates[0], ref[1], tol_x, tol_y))))
+  return {k: {"selected": len(h), "picked": float(np.mean([a for a, _ in h])),
+              "dataset": float(np.mean([b for _, b in h]))} for k, h in sorted(hits.items())}
 
 
 def lookup_values(trajs: Sequence[types.Trajectory], rows: np.ndarray, tol_x: float = 0.03, tol_y: float = 0.015
@@ -119,21 +155,29 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--workdir", required=True, help="a Digi-Q workdir (il/demos, candidates/store, critic/)")
   parser.add_argument("--tol-x", type=float, default=0.03)
   parser.add_argument("--tol-y", type=float, default=0.015)
+  parser.add_argument("--threshold", type=float, default=0.10, help="Best-of-N's Q − V threshold (actor.threshold)")
   parser.add_argument("--json", default="", help="also write the report here")
   args = parser.parse_args(argv)
   from jaxagent.data.store import TrajectoryStore  # pylint: disable=g-import-not-at-top
   read = lambda path: [s.read(i) for s in [TrajectoryStore(path)] for i in range(len(s))]
   scores = dict(np.load(os.path.join(args.workdir, "critic", "scores.npz")))
-  report = ranking_report(read(os.path.join(args.workdir, "il", "demos")),
-                          read(os.path.join(args.workdir, "candidates", "store")), scores["rows"], scores["q"],
-                          scores["valid"], args.tol_x, args.tol_y)
+  demos = read(os.path.join(args.workdir, "il", "demos"))
+  trajs = read(os.path.join(args.workdir, "candidates", "store"))
+  report = ranking_report(demos, trajs, scores["rows"], scores["q"], scores["valid"], args.tol_x, args.tol_y)
   print("demo step  states  argmax-Q  dataset  random valid  lookup  any valid  (fraction matching the expert)")
   for k, r in report.items():
     print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}"
           f"  {r['lookup']:6.2f}  {r['any_valid']:9.2f}")
+  selected = selection_report(demos, trajs, scores["rows"], scores["q"], scores["v"], scores["valid"],
+                              args.threshold, tol_x=args.tol_x, tol_y=args.tol_y)
+  print(f"\nstates Best-of-N keeps (Q − V > {args.threshold}): fraction matching the expert")
+  print("demo step  kept  kept candidate  dataset action")
+  for k, r in selected.items():
+    print(f"{k:9d}  {r['selected']:4d}  {r['picked']:14.2f}  {r['dataset']:14.2f}")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
-      json.dump({str(k): v for k, v in report.items()}, f, indent=1)
+      json.dump({"ranking": {str(k): v for k, v in report.items()},
+                 "selected": {str(k): v for k, v in selected.items()}}, f, indent=1)
   return 0
 
 

@@ -120,7 +120,8 @@ def _critic_config(config, cache):
   from jaxagent.models.critic import CriticConfig  # pylint: disable=g-import-not-at-top
   c = config.critic
   return CriticConfig(text_dim=int(c.text_dim), image_dim=int(cache["image"].shape[-1]),
-                      rep_dim=int(cache["reps"].shape[-1]), out_dim=1 if c.learn_metric == "regression" else 2)
+                      rep_dim=int(cache["reps"].shape[-1]), out_dim=1 if c.learn_metric == "regression" else 2,
+                      text_encoder=str(c.text_encoder), point_octaves=int(c.point_octaves))
 
 
 def stage_critic(config, workdir, out):

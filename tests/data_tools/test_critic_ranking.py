@@ -73,3 +73,22 @@ def test_same_action_tolerance_and_types():
   assert not critic_ranking.same_action(_tap(0.5, 0.5), _tap(0.5, 0.52))  # y tolerance 0.015
   assert not critic_ranking.same_action(DONE, _tap(0.5, 0.5))
   assert critic_ranking.same_action(DONE, DONE)
+
+
+def test_selection_report_counts_only_the_states_best_of_n_keeps():
+  demo = _traj("d", [("launcher/", "p0", _tap(0.2, 0.16), None), ("shop/", "p1", _tap(0.15, 0.28), None)])
+  right, wrong = _tap(0.15, 0.28), _tap(0.15, 0.5)
+  behaviour = [_traj("a", [("launcher/", "p0", _tap(0.2, 0.16), [_tap(0.2, 0.16), _tap(0.9, 0.9)]),
+                           ("shop/", "p1", wrong, [wrong, right])], success=0.0),
+               _traj("b", [("shop/", "p1", wrong, [wrong, right])], success=0.0),
+               _traj("c", [("shop/", "p1", right, [right, wrong])], success=1.0)]
+  rows = np.array([[0, 0], [0, 1], [1, 0], [2, 0]])
+  valid = np.ones((4, 2), bool)
+  q = np.array([[0.3, 0.9], [0.1, 0.6], [0.5, 0.2], [0.7, 0.1]])
+  v = np.array([0.5, 0.3, 0.45, 0.5])
+  # advantages of the best candidate: 0.4 (launcher, the far tap), 0.3 (a: "right"), 0.05 (b: under the
+  # threshold, dropped), 0.2 (c: the dataset's "right")
+  report = critic_ranking.selection_report([demo], behaviour, rows, q, v, valid, threshold=0.1)
+  assert report == {0: {"selected": 1, "picked": 0.0, "dataset": 1.0},
+                    1: {"selected": 2, "picked": 1.0, "dataset": 0.5}}
+  assert critic_ranking.selection_report([demo], behaviour, rows, q, v, valid, threshold=0.5) == {}

@@ -237,3 +237,101 @@ def test_td_training_with_a_target_network_recovers_discounted_values(model):
   for head in (q1, q2, v1, v2):
     np.testing.assert_allclose(head[:, 0], [gamma, 1.0], atol=0.03)
   assert float(loss) < 1e-3
+
+
+# ------------------------------------------------------------ CPU substitutions: bag of words, tap points
+
+SWIPE = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": '
+         '"[0.2, 0.8]", "lift_point": "[0.2, 0.3]", "typed_text": ""')
+
+
+def test_action_point_reads_taps_and_swipes_only():
+  np.testing.assert_allclose(C.action_point(TAP), [0.7761, 0.7089, 0.7761, 0.7089, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(C.action_point(SWIPE), [0.2, 0.8, 0.2, 0.3, 1.0], rtol=1e-6)
+  prev, _ = C.critic_text_fields(OBS1)  # the critic's previous-action field has no "Action Plan"
+  np.testing.assert_allclose(C.action_point(prev), [0.5, 0.5, 0.5, 0.5, 1.0])
+  for other in (TYPE, "junk", "", TAP.replace("[0.7761, 0.7089]", "[0.7761")):
+    assert C.action_point(other).tolist() == [0.0] * 5, other
+
+
+def test_fourier_points_hand_values():
+  out = np.asarray(C.fourier_points(jnp.array([[0.5, 0.25, 0.0, 1.0, 1.0], [0.5, 0.25, 0.0, 1.0, 0.0]]), 2))
+  assert out.shape == (2, 17)
+  s2 = np.sqrt(0.5)
+  # [sin 2^k π c for c in (0.5, 0.25, 0, 1), k in (0, 1)] then the cosines, then the flag
+  want_sin = [1.0, 0.0, s2, 1.0, 0.0, 0.0, 0.0, 0.0]
+  want_cos = [0.0, -1.0, s2, 0.0, 1.0, 1.0, -1.0, 1.0]
+  np.testing.assert_allclose(out[0], want_sin + want_cos + [1.0], atol=1e-6)
+  assert out[1].tolist() == [0.0] * 17  # no point: all zeros, flag 0
+
+
+def test_bag_of_words_sums_word_embeddings_without_trigrams():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, text_encoder="bag_of_words")
+  ids = C.featurize([OBS1], [TAP], cfg)["goal"][0]
+  words = C._WORD_RE.findall("Open the settings app".lower())
+  assert int((ids > 0).sum()) == len(words) == 4  # words only: no character trigrams
+  enc = C.BagOfWordsEncoder(cfg.text_vocab, cfg.text_dim, rngs=nnx.Rngs(0))
+  table = np.asarray(enc.embed.embedding[...])
+  np.testing.assert_allclose(np.asarray(enc(jnp.asarray(ids[None])))[0], table[ids[ids > 0]].sum(0), rtol=1e-5)
+  with pytest.raises(ValueError, match="text_encoder"):
+    C.CriticConfig(text_encoder="roberta")
+  with pytest.raises(ValueError, match="point_octaves"):
+    C.CriticConfig(point_octaves=-1)
+
+
+def test_point_features_reach_q_not_v():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, point_octaves=3)
+  assert cfg.q_in == C.CriticConfig.tiny(image_dim=8, rep_dim=8).q_in + 2 * 25
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  batch = _batch(cfg, [[TAP, SWIPE], [TYPE, TAP]], n=2)
+  assert batch["act_point"].shape == (2, 2, 5) and batch["prev_point"].shape == (2, 5)
+  q1, _, v1, _ = model(batch)
+  moved = dict(batch, act_point=batch["act_point"].at[:, :, 1].add(0.3))
+  q1m, _, v1m, _ = model(moved)
+  np.testing.assert_allclose(v1m, v1)  # V never sees the candidate
+  assert np.abs(np.asarray(q1m - q1))[0].min() > 0  # both taps of state 0 moved, both Q changed
+  np.testing.assert_allclose(q1m[1, 0], q1[1, 0])  # a TYPE action has no point: unchanged
+  with pytest.raises(ValueError, match="act_point"):
+    model({k: v for k, v in batch.items() if k != "act_point"})
+  with pytest.raises(ValueError, match="prev_point"):
+    model({k: v for k, v in batch.items() if k != "prev_point"})
+
+
+def test_bag_of_words_and_points_learn_which_tap_a_goal_needs():
+  """The CPU default's job at the category step: one screen, a goal naming one of 4 categories, taps at 4 heights;
+  a tap succeeds iff its height is the goal's category. MC regression (the default) on the dataset action of each
+  row must rank the right tap first for every goal; without point features the taps are indistinguishable."""
+  names = ["lighting", "kitchen", "outdoor", "fitness"]
+  obs = [f"Previous Actions: Goal: On Shoply, show the {n} category sorted by price.</s>" for n in names]
+  tap = lambda k: TAP.replace("[0.7761, 0.7089]", f"[0.5000, {0.3 + 0.05 * k:.4f}]")
+  rng = np.random.default_rng(0)
+  goal_idx, tap_idx = rng.integers(0, 4, 256), rng.integers(0, 4, 256)
+  ret = (goal_idx == tap_idx).astype(np.float32)
+
+  def rank(point_octaves):
+    cfg = C.CriticConfig.tiny(image_dim=4, rep_dim=4, text_encoder="bag_of_words", point_octaves=point_octaves)
+    model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+    b = C.featurize([obs[g] for g in goal_idx], [tap(t) for t in tap_idx], cfg)
+    b["image_features"] = np.zeros((256, 4), np.float32)
+    b["q_rep"] = np.zeros((256, 4), np.float32)  # a representation that does not see the tap
+    b = {k: jnp.asarray(v) for k, v in b.items()}
+    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    zeros = jnp.zeros(256)  # reward and done: unused by the MC targets
+
+    @nnx.jit
+    def step(model, opt):
+      loss_fn = lambda m: C.td_loss(m, m, b, b, zeros, zeros, mc_return=jnp.asarray(ret),
+                                    advantage_estimation="mc")[0]
+      opt.update(model, nnx.grad(loss_fn)(model))
+
+    for _ in range(300):
+      step(model, opt)
+    cands = C.featurize(obs, [[tap(k) for k in range(4)]] * 4, cfg)
+    cands.update(image_features=np.zeros((4, 4), np.float32), q_rep=np.zeros((4, 4, 4), np.float32))
+    q, _ = model.scores({k: jnp.asarray(v) for k, v in cands.items()})
+    return np.asarray(q).max(-1)  # [goal, tap]
+
+  q = rank(3)
+  assert (q.argmax(1) == np.arange(4)).all(), q
+  assert np.ptp(rank(0), axis=1).max() < 1e-6  # no point features: every tap scores the same

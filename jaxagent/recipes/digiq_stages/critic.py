@@ -44,10 +44,13 @@ def transition_arrays(trajs: Sequence[types.Trajectory], cache: dict[str, np.nda
     ret.append(mc_return(r, gamma)[k])
   data = critic_lib.featurize(obs, [c[0] for c in cands], cfg)
   allc = critic_lib.featurize(obs, cands, cfg)
-  data["cand_type"], data["cand_text"] = allc["act_type"], allc["act_text"]
+  for key in ("type", "text", "point"):
+    if "act_" + key in allc:
+      data["cand_" + key] = allc["act_" + key]
   nx = critic_lib.featurize(nxt, [c[0] for c in cands], cfg)
-  for key in ("goal", "prev_type", "prev_text"):
-    data["next_" + key] = nx[key]
+  for key in ("goal", "prev_type", "prev_text", "prev_point"):
+    if key in nx:
+      data["next_" + key] = nx[key]
   data["image_features"] = cache["image"]
   data["next_image_features"] = cache["next_image"]
   data["cand_rep"] = cache["reps"]
@@ -111,13 +114,13 @@ def score_candidates(critic: critic_lib.DigiQCritic, data: dict[str, np.ndarray]
                      ) -> tuple[np.ndarray, np.ndarray]:
   """(q [M, N, 2], v [M, 2]): both heads' values of every candidate and state (`DigiQCritic.scores`)."""
   score = nnx.jit(lambda model, b: model.scores(b))
+  names = {"goal": "goal", "prev_type": "prev_type", "prev_text": "prev_text", "prev_point": "prev_point",
+           "image_features": "image_features", "act_type": "cand_type", "act_text": "cand_text",
+           "act_point": "cand_point", "q_rep": "cand_rep"}
   qs, vs = [], []
   for s in range(0, len(data["reward"]), batch):
-    b = {"goal": data["goal"][s:s + batch], "prev_type": data["prev_type"][s:s + batch],
-         "prev_text": data["prev_text"][s:s + batch], "image_features": data["image_features"][s:s + batch],
-         "act_type": data["cand_type"][s:s + batch], "act_text": data["cand_text"][s:s + batch],
-         "q_rep": data["cand_rep"][s:s + batch]}
-    q, v = score(critic, {k: jnp.asarray(x) for k, x in b.items()})
+    b = {k: jnp.asarray(data[src][s:s + batch]) for k, src in names.items() if src in data}
+    q, v = score(critic, b)
     qs.append(np.asarray(q))
     vs.append(np.asarray(v))
   return np.concatenate(qs), np.concatenate(vs)
