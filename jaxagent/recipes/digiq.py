@@ -172,34 +172,52 @@ def stage_actor(config, workdir, out):
     summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
     return summary
   if float(a.il_weight) > 0:  # the demonstrations stay in the mix (see configs/digiq.py: actor.il_weight)
-    il_items = _demo_samples(workdir)
-    for it in il_items:
-      it["weight"] = float(a.il_weight)
+    il_items = demo_items(config, workdir)
     items += il_items
     summary["il_samples"] = len(il_items)
-  acfg = common.sub_config(config, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed_offset=4)
-  common.train_vlm(acfg, out, items, init_from=os.path.join(workdir, "il"))
+  common.train_vlm(actor_config(config), out, items, init_from=os.path.join(workdir, "il"))
   return summary
 
 
+def demo_items(config, workdir):
+  """The demonstrations as actor samples weighted `actor.il_weight`."""
+  items = _demo_samples(workdir)
+  for it in items:
+    it["weight"] = float(config.actor.il_weight)
+  return items
+
+
+def actor_config(config):
+  """The Digi-Q actor's training (and reloading) config."""
+  a = config.actor
+  return common.sub_config(config, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed_offset=4)
+
+
+def test_episodes(config, workdir):
+  """The evaluation's episodes: `eval.episodes` draws from the test split with the fixed `eval.seed`."""
+  return data_lib.episodes(_tasks(config, workdir)["test"], int(config.eval.episodes), int(config.eval.seed), "eval")
+
+
+def evaluate(config, workdir, store_dir, name, model_dir, model_config, temperature) -> dict:
+  """Rolls the actor saved in `model_dir` out on the test episodes into `store_dir`; its success rate etc."""
+  actor = common.load_actor(model_dir, model_config, temperature, seed=int(config.eval.seed))
+  trajs = common.rollout(config, store_dir, actor, test_episodes(config, workdir), name)
+  return {"success_rate": common.success_rate(trajs), "episodes": len(trajs), "temperature": temperature,
+          "mean_steps": float(np.mean([len(t.steps) for t in trajs]))}
+
+
 def stage_eval(config, workdir, out):
-  test = _tasks(config, workdir)["test"]
-  tasks = data_lib.episodes(test, int(config.eval.episodes), int(config.eval.seed), "eval")
   il_dir, actor_dir = os.path.join(workdir, "il"), os.path.join(workdir, "actor")
   actor_src = actor_dir if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else il_dir
   policies = {
       "behaviour": (il_dir, _il_config(config), float(config.behaviour.temperature)),
       "il_actor": (il_dir, _il_config(config), float(config.eval.temperature)),
-      "digiq_actor": (actor_src, common.sub_config(config, steps=config.actor.steps, batch_size=config.actor.batch_size,
-                                                   lr=config.actor.lr, seed_offset=4), float(config.eval.temperature)),
+      "digiq_actor": (actor_src, actor_config(config), float(config.eval.temperature)),
   }
   results = {}
   writer = MetricWriter(out)
   for n, (name, (path, cfg, temperature)) in enumerate(policies.items()):
-    actor = common.load_actor(path, cfg, temperature, seed=int(config.eval.seed))
-    trajs = common.rollout(config, os.path.join(out, name), actor, tasks, name)
-    results[name] = {"success_rate": common.success_rate(trajs), "episodes": len(trajs),
-                     "temperature": temperature, "mean_steps": float(np.mean([len(t.steps) for t in trajs]))}
+    results[name] = evaluate(config, workdir, os.path.join(out, name), name, path, cfg, temperature)
     writer.write_scalars(n, {f"eval/{name}_success_rate": results[name]["success_rate"]})
   writer.close()
   results["digiq_minus_behaviour"] = results["digiq_actor"]["success_rate"] - results["behaviour"]["success_rate"]

@@ -146,3 +146,22 @@ def test_encoder_separates_actions_and_ignores_batch_padding():
   np.testing.assert_allclose(reps[4], reps[0], atol=1e-5)  # same pair, alone in a padded batch
   feats = enc.images([screen, np.zeros_like(screen)])
   assert feats.shape == (2, enc.dim) and not np.allclose(feats[0], feats[1])
+
+
+def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_path):
+  """`data_tools/digiq_seeds.py` on the smoke run: a second seed and the demonstrations-only control each
+  evaluate a new actor on the same test episodes, linking (not copying) the data stages."""
+  from data_tools import digiq_seeds  # pylint: disable=g-import-not-at-top
+  config, workdir, results, _ = pipeline
+  for control in ("none", "demos"):
+    out = tmp_path / control
+    assert digiq_seeds.main(["--workdir", workdir, "--out", str(out), "--seeds", "1",
+                             "--config", "configs/digiq.py:smoke", "--control", control]) == 0
+    with open(out / "results.json") as f:
+      report = json.load(f)
+    run = report["seeds"]["1"]
+    assert run["eval"]["episodes"] == config.eval.episodes == results["digiq_actor"]["episodes"]
+    assert report["mean_success_rate"] == run["eval"]["success_rate"]
+    assert os.path.islink(out / "seed1" / "candidates")
+    assert ("critic" in run) == (control == "none")
+    assert os.path.exists(out / "seed1" / "actor" / "checkpoints")

@@ -1,0 +1,122 @@
+"""Re-run the Digi-Q critic → actor → evaluation on a finished run's data with other seeds (and controls).
+
+One run of the default gives one Digi-Q actor figure, and that figure swings by 10+ points with the critic's and
+the actor's seeds (README, Digi-Q). This re-uses a workdir's data stages (tasks … representation, linked, not
+copied) and, for every seed, trains the critic and the Best-of-N actor again into `<out>/seed<N>/` with
+`config.seed = N`, then evaluates only the new actor on the same test episodes. `--control demos` trains the
+actor stage on the demonstrations alone instead (the same steps and learning rate, no Best-of-N state): the
+baseline that says whether the critic's selections add anything to more imitation.
+
+  python data_tools/digiq_seeds.py --workdir /tmp/digiq --out /tmp/digiq_seeds --seeds 0,1,2
+  python data_tools/digiq_seeds.py --workdir /tmp/digiq --out /tmp/digiq_demos --seeds 0,1,2 --control demos
+  python data_tools/digiq_seeds.py ... --config.critic.advantage_estimation=bellman   # any config override
+
+Each seed's directory is resumable like the pipeline (finished stages are skipped); the table and
+`<out>/results.json` give every seed's success rate and the mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DATA_STAGES = ("tasks", "il", "behaviour", "candidates", "representation")
+
+
+def link_data(workdir: str, seed_dir: str) -> None:
+  """`seed_dir/<stage>` → `workdir/<stage>` for the data stages, which must be finished."""
+  from jaxagent.recipes.digiq_stages import common  # pylint: disable=g-import-not-at-top
+  os.makedirs(seed_dir, exist_ok=True)
+  for stage in DATA_STAGES:
+    if not common.is_done(workdir, stage):
+      raise SystemExit(f"digiq_seeds: {workdir} has not finished the {stage!r} stage; run the pipeline first")
+    link = os.path.join(seed_dir, stage)
+    if not os.path.lexists(link):
+      os.symlink(os.path.abspath(os.path.join(workdir, stage)), link)
+
+
+def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
+  """Critic and actor (or the demonstrations-only actor) with `config.seed`, then the actor's evaluation."""
+  from jaxagent.recipes import digiq  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes.digiq_stages import common  # pylint: disable=g-import-not-at-top
+  link_data(workdir, seed_dir)
+  timer = common.Timer(seed_dir)
+  summary = {}
+  if control == "demos":
+    def demos_only(out):
+      items = digiq.demo_items(config, seed_dir)
+      common.train_vlm(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
+      return {"il_samples": len(items)}
+    summary["actor"] = common.run_stage(seed_dir, "actor", demos_only, timer)
+  else:
+    summary["critic"] = common.run_stage(seed_dir, "critic", lambda out: digiq.stage_critic(config, seed_dir, out),
+                                         timer)
+    summary["actor"] = common.run_stage(seed_dir, "actor", lambda out: digiq.stage_actor(config, seed_dir, out),
+                                        timer)
+  actor_dir = os.path.join(seed_dir, "actor")
+  model_dir = actor_dir if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else os.path.join(seed_dir, "il")
+  summary["eval"] = common.run_stage(
+      seed_dir, "eval", lambda out: digiq.evaluate(config, seed_dir, os.path.join(out, "actor"), "digiq_actor",
+                                                   model_dir, digiq.actor_config(config),
+                                                   float(config.eval.temperature)), timer)
+  return summary
+
+
+def load_config(spec: str, overrides: Sequence[str], seed: int):
+  """`spec` (path[:variant]) with `--config.a.b=value` overrides cast to each field's type, and `seed`."""
+  from jaxagent.main import load_config_file  # pylint: disable=g-import-not-at-top
+  config = load_config_file(spec)
+  for item in overrides:
+    if not item.startswith("--config.") or "=" not in item:
+      raise SystemExit(f"digiq_seeds: {item!r}: overrides look like --config.critic.steps=800")
+    path, value = item[len("--config."):].split("=", 1)
+    *parents, leaf = path.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    if leaf not in node:
+      raise SystemExit(f"digiq_seeds: {item!r}: the config has no field {path!r}")
+    old = node[leaf]
+    node[leaf] = (value.lower() in ("1", "true", "yes")) if isinstance(old, bool) else type(old)(value)
+  config.seed = seed
+  return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="a Digi-Q workdir whose data stages are finished")
+  parser.add_argument("--out", required=True, help="where the seeds' critic, actor and evaluation go")
+  parser.add_argument("--seeds", default="0,1,2", help="comma-separated config.seed values")
+  parser.add_argument("--control", choices=("none", "demos"), default="none",
+                      help="demos: fine-tune the actor on the demonstrations alone (no Best-of-N state)")
+  parser.add_argument("--config", default=os.path.join("configs", "digiq.py"), help="the config file (+ :variant)")
+  args, overrides = parser.parse_known_args(argv)
+  results = {}
+  for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
+    config = load_config(args.config, overrides, seed)
+    summary = run_seed(config, args.workdir, os.path.join(args.out, f"seed{seed}"), args.control)
+    results[seed] = summary
+    print(f"[digiq_seeds] seed {seed}: digiq_actor {summary['eval']['success_rate']:.1%}", flush=True)
+  rates = [r["eval"]["success_rate"] for r in results.values()]
+  report = {"control": args.control, "overrides": overrides, "seeds": {str(k): v for k, v in results.items()},
+            "mean_success_rate": float(np.mean(rates)) if rates else None}
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=1)
+  print("seed  success")
+  for seed, r in results.items():
+    print(f"{seed:4d}  {r['eval']['success_rate']:7.1%}")
+  if rates:
+    print(f"mean  {np.mean(rates):7.1%}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
