@@ -245,11 +245,12 @@ def featurize(observations: Sequence[str], actions: Sequence[str] | Sequence[Seq
 # ------------------------------------------------------------------------------------------ modules
 
 
-def _required(batch: Mapping[str, jax.Array], key: str) -> jax.Array:
-  if key not in batch:
-    raise ValueError(f"DigiQCritic: CriticConfig.point_octaves > 0 needs batch[{key!r}] (from `featurize` with the "
-                     "same config)")
-  return batch[key]
+def _point_features(points: jax.Array | None, octaves: int, name: str) -> jax.Array:
+  """`fourier_points` of a batch field that `point_octaves > 0` requires; the error names the missing field."""
+  if points is None:
+    raise ValueError(f"DigiQCritic: CriticConfig.point_octaves > 0 needs batch[{name!r}] (from `featurize` with "
+                     "the same config)")
+  return fourier_points(points, octaves)
 
 
 def _torch_default_std(fan_in: int) -> float:
@@ -328,7 +329,7 @@ class DigiQCritic(nnx.Module):
                        f"CriticConfig.image_dim={self.cfg.image_dim}; set image_dim to the feature width")
     parts = [self.type_encoder(batch["prev_type"]), self.text_encoder(batch["prev_text"])]
     if self.cfg.point_octaves:
-      parts.append(fourier_points(_required(batch, "prev_point"), self.cfg.point_octaves))
+      parts.append(_point_features(batch.get("prev_point"), self.cfg.point_octaves, "prev_point"))
     return jnp.concatenate(parts + [self.task_encoder(batch["goal"]), image], axis=-1)
 
   def values(self, v_states: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -344,10 +345,7 @@ class DigiQCritic(nnx.Module):
                        f"{self.cfg.rep_dim}; set rep_dim to the representation width")
     parts = [self.type_encoder(act_type), self.text_encoder(act_text)]
     if self.cfg.point_octaves:
-      if act_point is None:
-        raise ValueError("DigiQCritic: CriticConfig.point_octaves > 0 needs the candidates' points "
-                         "(`act_point`, from `featurize` with the same config)")
-      parts.append(fourier_points(act_point, self.cfg.point_octaves))
+      parts.append(_point_features(act_point, self.cfg.point_octaves, "act_point"))
     act = jnp.concatenate(parts + [q_rep], axis=-1)
     extra = act.ndim - v_states.ndim  # 1 when candidates carry an N axis
     s = v_states.reshape(v_states.shape[:1] + (1,) * extra + v_states.shape[1:])
