@@ -109,7 +109,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
 
   from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
-  from jaxagent.train.state import create_train_state  # pylint: disable=g-import-not-at-top
+  from jaxagent.train.state import abstract_train_state  # pylint: disable=g-import-not-at-top
 
   if config is None:
     cfg_path = os.path.join(workdir, "config.json")
@@ -121,7 +121,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
   model_fn, num_image_tokens, preprocess = model_builder(config, tokenizer)
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
-  state = create_train_state(model_fn, tx, _one_device_mesh())
+  state = abstract_train_state(model_fn, tx, _one_device_mesh())
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
   try:
     restored = ckpt.restore(state.abstract_state(), jax.random.key(0), step)

@@ -68,6 +68,13 @@ def _pow2(n: int, floor: int) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
+def _decode_bucket(n: int) -> int:
+  """Decode steps compiled for a batch whose longest request asks `n` new tokens: `n` rounded up to a multiple
+  of 32. A power of two would let one rambling row (a sampled action that never ends) run up to 2× the longest
+  request's steps over a 2× longer cache (160 → 256), for output that is cut at `max_tokens` anyway."""
+  return -(-max(1, int(n)) // 32) * 32
+
+
 def _message_images(messages: Sequence[dict[str, Any]]) -> list[Any]:
   return [p["image"] for m in messages if not isinstance(m.get("content"), str)
           for p in m["content"] if p.get("type") == "image"]
@@ -159,7 +166,7 @@ class Engine:
     policy = self.policy
     rows = _pow2(len(batch), 1)
     width = _pow2(max(len(p.ids) for p in batch), 64)
-    new = min(_pow2(max(p.request.max_tokens for p in batch), 16), _pow2(self.max_new_tokens, 16))
+    new = min(_decode_bucket(max(p.request.max_tokens for p in batch)), _decode_bucket(self.max_new_tokens))
     config = sampler.SamplingConfig(max_new_tokens=new, temperature=temperature, top_p=top_p, top_k=top_k,
                                     eos_ids=policy.eos_ids, pad_id=policy.pad_id)
     ids = np.full((rows, width), policy.pad_id, np.int32)

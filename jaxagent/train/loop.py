@@ -26,7 +26,7 @@ from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.metrics import MetricWriter
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.profiler import ProfileWindow
-from jaxagent.train.state import TrainState, create_train_state, create_train_state_from_model
+from jaxagent.train.state import TrainState, abstract_train_state, create_train_state, create_train_state_from_model
 from jaxagent.train.step import LossFn, build_train_step, put_batch
 
 
@@ -55,7 +55,9 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   tx, schedule = make_optimizer(config.optim, total)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   resuming = os.path.isdir(ckpt_dir) and any(p.isdigit() for p in os.listdir(ckpt_dir))
-  if pretrained is not None and not resuming:
+  if resuming:  # the checkpoint replaces every array: restore into the bare structure
+    ts = abstract_train_state(model_fn, tx, mesh, rules)
+  elif pretrained is not None:
     ts = create_train_state_from_model(pretrained(), tx, mesh, rules)
   else:
     ts = create_train_state(model_fn, tx, mesh, rules)
@@ -65,6 +67,8 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
                       keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
   data_iter = iter(dataset.to_iter_dataset(read_options))
   restored = ckpt.restore(ts.abstract_state(), rng)
+  if restored is None and resuming:
+    raise RuntimeError(f"{ckpt_dir} lists step directories but none restored; move it aside to start afresh")
   if restored is not None:
     ts.state, rng, data_state, _ = restored
     data_iter.set_state(data_state)

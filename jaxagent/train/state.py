@@ -45,15 +45,23 @@ def _model_and_optimizer(model_fn: Callable[[], nnx.Module], tx: optax.GradientT
   return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
+def abstract_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, mesh: Mesh,
+                         rules=None) -> TrainState:
+  """The train state's structure, shapes and shardings with no arrays (`state` holds ShapeDtypeStructs): the
+  target of a checkpoint restore, which would overwrite initialised weights anyway. Nothing is compiled (the
+  tiny VLM's jitted init alone takes ~5 s to compile on a CPU)."""
+  graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: _model_and_optimizer(model_fn, tx)))
+  return TrainState(graphdef, abstract_state, sharding.state_shardings(abstract_state, mesh, rules))
+
+
 def create_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, mesh: Mesh,
                        rules=None) -> TrainState:
   """Builds (model, optimizer) inside `jax.jit` with sharded outputs: no unsharded copy on any host.
 
   `model_fn()` must be deterministic (it seeds its own `nnx.Rngs`), so every process builds the same model.
   """
-  abstract = nnx.eval_shape(lambda: _model_and_optimizer(model_fn, tx))
-  graphdef, abstract_state = nnx.split(abstract)
-  shardings = sharding.state_shardings(abstract_state, mesh, rules)
+  abstract = abstract_train_state(model_fn, tx, mesh, rules)
+  graphdef, shardings = abstract.graphdef, abstract.shardings
 
   def init():
     return nnx.split(_model_and_optimizer(model_fn, tx))[1]
