@@ -5,10 +5,14 @@ the actor's seeds (README, Digi-Q). This re-uses a workdir's data stages (tasks 
 copied) and, for every seed, trains the critic and the Best-of-N actor again into `<out>/seed<N>/` with
 `config.seed = N`, then evaluates only the new actor on the same test episodes. `--control demos` trains the
 actor stage on the demonstrations alone instead (the same steps and learning rate, no Best-of-N state): the
-baseline that says whether the critic's selections add anything to more imitation.
+baseline that says whether the critic's selections add anything to more imitation. `--control filtered_bc`
+replaces the Best-of-N states with every step of the successful behaviour trajectories (the paper's Filtered BC
+baseline, §5.8), keeping the demonstrations in the mix as the Digi-Q actor does: whether the critic picks better
+training states than the reward alone.
 
   python data_tools/digiq_seeds.py --workdir /tmp/digiq --out /tmp/digiq_seeds --seeds 0,1,2
   python data_tools/digiq_seeds.py --workdir /tmp/digiq --out /tmp/digiq_demos --seeds 0,1,2 --control demos
+  python data_tools/digiq_seeds.py --workdir /tmp/digiq --out /tmp/digiq_fbc --seeds 0,1,2 --control filtered_bc
   python data_tools/digiq_seeds.py ... --config.critic.advantage_estimation=bellman   # any config override
 
 Each seed's directory is resumable like the pipeline (finished stages are skipped); the table and
@@ -49,12 +53,17 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
   link_data(workdir, seed_dir)
   timer = common.Timer(seed_dir)
   summary = {}
-  if control == "demos":
-    def demos_only(out):
+  if control in ("demos", "filtered_bc"):
+    def control_actor(out):
       items = digiq.demo_items(config, seed_dir)
+      info = {"il_samples": len(items)}
+      if control == "filtered_bc":
+        bc = digiq.filtered_bc_items(seed_dir, out)
+        info["filtered_bc_samples"] = len(bc)
+        items = bc + (items if float(config.actor.il_weight) > 0 else [])
       common.train_vlm(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
-      return {"il_samples": len(items)}
-    summary["actor"] = common.run_stage(seed_dir, "actor", demos_only, timer)
+      return info
+    summary["actor"] = common.run_stage(seed_dir, "actor", control_actor, timer)
   else:
     summary["critic"] = common.run_stage(seed_dir, "critic", lambda out: digiq.stage_critic(config, seed_dir, out),
                                          timer)
@@ -94,8 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--workdir", required=True, help="a Digi-Q workdir whose data stages are finished")
   parser.add_argument("--out", required=True, help="where the seeds' critic, actor and evaluation go")
   parser.add_argument("--seeds", default="0,1,2", help="comma-separated config.seed values")
-  parser.add_argument("--control", choices=("none", "demos"), default="none",
-                      help="demos: fine-tune the actor on the demonstrations alone (no Best-of-N state)")
+  parser.add_argument("--control", choices=("none", "demos", "filtered_bc"), default="none",
+                      help="demos: fine-tune the actor on the demonstrations alone (no Best-of-N state); "
+                           "filtered_bc: on the successful behaviour trajectories' steps instead of Best-of-N's "
+                           "(plus the demonstrations when actor.il_weight > 0), the paper's Filtered BC baseline")
   parser.add_argument("--config", default=os.path.join("configs", "digiq.py"), help="the config file (+ :variant)")
   args, overrides = parser.parse_known_args(argv)
   results = {}

@@ -170,7 +170,8 @@ class BrowserEnv:
   Args (plain values, so a pool can build one from a picklable spec):
     profile: "web" | "device" | "text" (`jaxagent.envs.profiles`) or a `Profile`; None = each task's own
       `Task.profile` (the context is new every episode, so one env serves web and device tasks alike).
-    observation: whose element numbering actions refer to: "som" | "a11y" | "html".
+    observation: whose element numbering actions refer to: "som" | "a11y" | "html"; or "screenshot": the screen
+      alone, no elements (agents that act at screen points, as AitW's; ~10 % less CPU per step than "som").
     screenshot_size: (width, height) to resize screenshots to; None = one pixel per CSS pixel.
     som_draw: draw the set-of-marks boxes on the screenshot (WebVoyager's GPT-4o agent sees them).
     load_timeout_ms / idle_timeout_ms: caps on waiting for `load` and `networkidle` after a navigation
@@ -185,8 +186,8 @@ class BrowserEnv:
                screenshot_size: tuple[int, int] | None = None, som_draw: bool = True, headless: bool = True,
                load_timeout_ms: int = 5000, idle_timeout_ms: int = 0, action_timeout_ms: int = 5000,
                wait_ms: int = 1000, a11y_keep_unnamed: tuple[str, ...] = (), executable_path: str | None = None):
-    if observation not in OBSERVERS:
-      raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVERS}")
+    if observation not in OBSERVERS + ("screenshot",):
+      raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVERS + ('screenshot',)}")
     self._fixed_profile = profiles_lib.get_profile(profile) if profile is not None else None
     self.profile = self._fixed_profile or profiles_lib.PROFILES["web"]
     self.observation = observation
@@ -581,7 +582,7 @@ class BrowserEnv:
         obs.a11y_tree, obs.a11y_nodes = a11y_obs.observe(page, self._cdp_session(), self.a11y_keep_unnamed)
         obs.elements = [Element(index=i, tag=n["role"], text=n["name"], bbox=tuple(n["union_bound"]), role=n["role"])
                         for i, n in obs.a11y_nodes.items()]
-      else:
+      elif self.observation == "html":
         obs.html, obs.elements = html_obs.simplify(page)
       if shoot:
         obs.screenshot = screenshot_obs.capture(page, self.screenshot_size)

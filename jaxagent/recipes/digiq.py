@@ -157,15 +157,9 @@ def stage_actor(config, workdir, out):
   weight = losses.best_of_n_weights(adv, str(a.loss), float(a.threshold), float(a.pg_multiplier),
                                     float(a.awr_beta))
   idx, adv, weight = np.asarray(idx), np.asarray(adv), np.asarray(weight)
-  items = []
-  image_dir = os.path.join(out, "images")
-  os.makedirs(image_dir, exist_ok=True)
-  for r, (i, k) in enumerate(s["rows"]):
-    if weight[r] <= 0:
-      continue
-    step = trajs[i].steps[k]
-    path = common.save_png(os.path.join(image_dir, f"{i}-{k}.png"), common.small_screen(store.load_image(step.image_path)))
-    items.append(common.sample_item(f"{i}-{k}", path, step.obs_text, step.candidates[int(idx[r])], weight[r]))
+  picks = [(i, k, trajs[i].steps[k].candidates[int(idx[r])], weight[r])
+           for r, (i, k) in enumerate(s["rows"]) if weight[r] > 0]
+  items = state_items(store, trajs, picks, os.path.join(out, "images"))
   summary = {"states": int(len(idx)), "trained_on": len(items), "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
              "mean_adv": float(adv.mean())}
   if not items:  # no state's best candidate clears the threshold: the extracted actor is the IL actor
@@ -177,6 +171,29 @@ def stage_actor(config, workdir, out):
     summary["il_samples"] = len(il_items)
   common.train_vlm(actor_config(config), out, items, init_from=os.path.join(workdir, "il"))
   return summary
+
+
+def state_items(store, trajs, picks, image_dir: str) -> list[dict]:
+  """Actor samples from dataset states: for each pick (trajectory i, step k, action string, weight) the state's
+  1/4 screenshot (written under `image_dir`), its AutoUI prompt and that action."""
+  os.makedirs(image_dir, exist_ok=True)
+  items = []
+  for i, k, action, weight in picks:
+    step = trajs[i].steps[k]
+    image = common.small_screen(store.load_image(step.image_path))
+    path = common.save_png(os.path.join(image_dir, f"{i}-{k}.png"), image)
+    items.append(common.sample_item(f"{i}-{k}", path, step.obs_text, action, weight))
+  return items
+
+
+def filtered_bc_items(workdir, out) -> list[dict]:
+  """The paper's Filtered BC baseline (§5.8, "AutoUI + Filtered BC"): every step of the successful behaviour
+  trajectories with its dataset action, weight 1."""
+  store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  picks = [(i, k, step.action_text, 1.0) for i, t in enumerate(trajs) if t.success == 1.0
+           for k, step in enumerate(t.steps) if step.image_path]
+  return state_items(store, trajs, picks, os.path.join(out, "images"))
 
 
 def demo_items(config, workdir):

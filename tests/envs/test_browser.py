@@ -254,6 +254,18 @@ def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
   assert env.reset(_task(site)).screenshot.shape == (768, 1024, 3)  # the next web task gets the desktop again
 
 
+def test_screenshot_observation_numbers_no_elements_and_taps_at_points(site):
+  with BrowserEnv(observation="screenshot") as e:
+    obs = e.reset(_task(site, "phone.html", profile="device"))
+    assert obs.screenshot.shape == (915, 412, 3) and obs.elements == [] and not obs.element_text
+    obs, *_ = e.step(Action(ActionKind.CLICK, x=0.5, y=500 / 915, normalized=True))
+    assert e.page.inner_text("#status") == "tapped pad" and not obs.error
+    obs, *_ = e.step(Action(ActionKind.CLICK, element=0))  # nothing is numbered: an error the episode survives
+    assert obs.error == FAIL_OBS
+  with pytest.raises(ValueError, match="screenshot"):
+    BrowserEnv(observation="pixels")
+
+
 def test_crashed_renderer_raises_then_reset_recovers_without_relaunch(env, site):
   env.reset(_task(site))
   pid = env.browser_pid

@@ -149,11 +149,11 @@ def test_encoder_separates_actions_and_ignores_batch_padding():
 
 
 def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_path):
-  """`data_tools/digiq_seeds.py` on the smoke run: a second seed and the demonstrations-only control each
-  evaluate a new actor on the same test episodes, linking (not copying) the data stages."""
+  """`data_tools/digiq_seeds.py` on the smoke run: a second seed, the demonstrations-only and the Filtered BC
+  controls each evaluate a new actor on the same test episodes, linking (not copying) the data stages."""
   from data_tools import digiq_seeds  # pylint: disable=g-import-not-at-top
   config, workdir, results, _ = pipeline
-  for control in ("none", "demos"):
+  for control in ("none", "demos", "filtered_bc"):
     out = tmp_path / control
     assert digiq_seeds.main(["--workdir", workdir, "--out", str(out), "--seeds", "1",
                              "--config", "configs/digiq.py:smoke", "--control", control]) == 0
@@ -165,3 +165,9 @@ def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_
     assert os.path.islink(out / "seed1" / "candidates")
     assert ("critic" in run) == (control == "none")
     assert os.path.exists(out / "seed1" / "actor" / "checkpoints")
+    if control == "filtered_bc":  # every step of the successful behaviour trajectories, with the demonstrations
+      store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
+      wins = sum(1 for t in (store.read(i) for i in range(len(store))) if t.success == 1.0 for s in t.steps
+                 if s.image_path)
+      assert run["actor"]["filtered_bc_samples"] == wins
+      assert run["actor"]["il_samples"] > 0

@@ -12,7 +12,7 @@ from jaxagent.models.llama import DecoderConfig, init_decoder
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.metrics import MetricWriter, read_jsonl
 from jaxagent.train.profiler import ProfileWindow
-from jaxagent.train.state import create_train_state, create_train_state_from_model
+from jaxagent.train.state import abstract_train_state, create_train_state, create_train_state_from_model
 
 CFG = DecoderConfig.tiny(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=16,
                          intermediate_size=64)
@@ -39,6 +39,21 @@ def test_from_model_keeps_weights_and_shards_by_the_rules(tmp_path):
   assert restored.sharding == up.sharding
   assert data == {"next_index": 17} and meta == {"note": "x"}
   np.testing.assert_array_equal(jax.random.key_data(rng2), jax.random.key_data(rng))
+
+
+def test_abstract_state_holds_no_arrays_and_restores_a_checkpoint(tmp_path):
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+  ts = create_train_state_from_model(init_decoder(CFG, seed=3), optax.adam(1e-3), mesh)
+  ckpt = Checkpointer(str(tmp_path / "ckpt"), every=1, async_save=False)
+  assert ckpt.save(2, ts.state, jax.random.key(1))
+  ckpt.close()
+  abstract = abstract_train_state(lambda: init_decoder(CFG, seed=0), optax.adam(1e-3), mesh)
+  leaves = jax.tree.leaves(abstract.state)
+  assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing initialised
+  state = Checkpointer(str(tmp_path / "ckpt")).restore(abstract.abstract_state(), jax.random.key(0))[0]
+  for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(ts.state)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert got.sharding == want.sharding
 
 
 def test_nothing_to_restore_is_none(tmp_path):

@@ -238,28 +238,33 @@ def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = N
 # ---------------------------------------------------------------------------------------- rollouts
 
 
-def pool_spec(config) -> dict[str, Any]:
-  """The phone (device profile) on the bundled sites. Set-of-marks elements are computed for the scripted
-  expert's touch points but not drawn: the actor sees the raw screen, as AitW's agents do."""
+def pool_spec(expert: bool = False) -> dict[str, Any]:
+  """The phone (device profile) on the bundled sites. The actor sees the raw screen and taps at points, as AitW's
+  agents do: no element numbering. The scripted expert also gets set-of-marks elements (not drawn) and the
+  oracle's targets, to turn into touch points."""
   from jaxagent.envs.sites import server  # pylint: disable=g-import-not-at-top
-  return {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "device", "observation": "som", "som_draw": False,
-          "oracle_targets": True, "base_url": server.ensure_server(0)}
+  spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "device", "observation": "screenshot",
+          "base_url": server.ensure_server(0)}
+  if expert:
+    spec.update(observation="som", som_draw=False, oracle_targets=True)
+  return spec
 
 
 def stored_ids(store: TrajectoryStore) -> set[str]:
   return {store.read_json(i)["task"]["id"] for i in range(len(store))}
 
 
-def rollout(config, store_dir: str, policy, tasks: Sequence[types.Task], name: str) -> list[types.Trajectory]:
-  """Every task once through the pool, judged, into the store at `store_dir`; episodes already there (a killed
-  run) are kept and not run again. Returns the trajectories in task order."""
+def rollout(config, store_dir: str, policy, tasks: Sequence[types.Task], name: str, expert: bool = False
+            ) -> list[types.Trajectory]:
+  """Every task once through the pool (`pool_spec(expert)`), judged, into the store at `store_dir`;
+  episodes already there (a killed run) are kept and not run again. Returns the trajectories in task order."""
   from jaxagent.envs.pool import EnvPool  # pylint: disable=g-import-not-at-top
   from jaxagent.judges import evaluators  # pylint: disable=g-import-not-at-top
   from jaxagent.rl.collector import collect  # pylint: disable=g-import-not-at-top
   store = TrajectoryStore(store_dir)
   todo = [t for t in tasks if t.id not in stored_ids(store)]
   if todo:
-    with EnvPool(pool_spec(config), num_workers=min(int(config.env.workers), len(todo)),
+    with EnvPool(pool_spec(expert), num_workers=min(int(config.env.workers), len(todo)),
                  step_timeout=config.env.step_timeout, reset_timeout=config.env.reset_timeout) as pool:
       collect(pool, policy, policy.fmt.parse, todo, store=store, judge=evaluators.ProgrammaticJudge(),
               gamma=float(config.critic.gamma), progress=bool(config.train.progress_bar), policy_name=name,

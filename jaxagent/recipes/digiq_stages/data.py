@@ -55,7 +55,8 @@ def read_tasks(path: str) -> list[types.Task]:
 
 def expert_rollout(config, store_dir: str, tasks: Sequence[types.Task]) -> list[types.Trajectory]:
   from jaxagent.envs.sites import expert  # pylint: disable=g-import-not-at-top
-  return common.rollout(config, store_dir, expert.ScriptedExpert("autoui"), tasks, "scripted_expert:autoui")
+  return common.rollout(config, store_dir, expert.ScriptedExpert("autoui"), tasks, "scripted_expert:autoui",
+                        expert=True)
 
 
 def step_samples(trajs: Sequence[types.Trajectory], store: TrajectoryStore, image_dir: str,
