@@ -156,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--tol-x", type=float, default=0.03)
   parser.add_argument("--tol-y", type=float, default=0.015)
   parser.add_argument("--threshold", type=float, default=0.10, help="Best-of-N's Q − V threshold (actor.threshold)")
+  parser.add_argument("--head-reduce", default="min", choices=("min", "max", "mean"),
+                      help="how Best-of-N reduces the double heads (actor.head_reduce; the CPU default's min)")
   parser.add_argument("--json", default="", help="also write the report here")
   args = parser.parse_args(argv)
   from jaxagent.data.store import TrajectoryStore  # pylint: disable=g-import-not-at-top
@@ -169,8 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}"
           f"  {r['lookup']:6.2f}  {r['any_valid']:9.2f}")
   selected = selection_report(demos, trajs, scores["rows"], scores["q"], scores["v"], scores["valid"],
-                              args.threshold, tol_x=args.tol_x, tol_y=args.tol_y)
-  print(f"\nstates Best-of-N keeps (Q − V > {args.threshold}): fraction matching the expert")
+                              args.threshold, args.head_reduce, tol_x=args.tol_x, tol_y=args.tol_y)
+  print(f"\nstates Best-of-N keeps (Q − V > {args.threshold}, {args.head_reduce} over heads): fraction matching "
+        "the expert")
   print("demo step  kept  kept candidate  dataset action")
   for k, r in selected.items():
     print(f"{k:9d}  {r['selected']:4d}  {r['picked']:14.2f}  {r['dataset']:14.2f}")
