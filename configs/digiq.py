@@ -9,18 +9,19 @@ complete: 5 steps; 16 (category, sort) pairs in train, the 8 held-out pairs in t
 two steps seen apart), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a
 laptop CPU with no download. Its critic regresses on MC returns and reads the goal as a bag of words and each
 tap's point directly (see `critic` below), and Best-of-N scores candidates with the lower of the two Q heads
-(`actor.head_reduce`); the paper variant restores the code's bellman critic and its max over heads. The IL actor is trained briefly (500 steps on 40 demonstrations) so that, sampled at
-temperature 1, it succeeds on some behaviour episodes and fails on others, as AutoUI's zero-shot data do. Every
-stage writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished stages and resumes a stage
-where it stopped (collections by episode, trainings from Orbax).
+(`actor.head_reduce`); the paper variant restores the code's bellman critic and its max over heads. The IL actor
+is trained briefly (500 steps on 40 demonstrations) so that, sampled at temperature 1, it succeeds on some
+behaviour episodes and fails on others, as AutoUI's zero-shot data do. Every stage writes `<workdir>/<stage>/`
+and a `DONE` marker; a restarted run skips finished stages and resumes a stage where it stopped (collections by
+episode, trainings from Orbax).
 
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
   paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, N = 16, γ 0.95, τ 0.10, the
-         code's bellman critic (pooler text encoders, no point features, max over the double heads), critic lr 1e-5 (800 steps of batch
-         128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature 0.8, 10 steps per episode,
-         an AutoUI-size actor and a LLaVA-1.5-7B representation model from local HF directories
-         (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs accelerators.
+         code's bellman critic (pooler text encoders, no point features, max over the double heads), critic lr
+         1e-5 (800 steps of batch 128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature
+         0.8, 10 steps per episode, an AutoUI-size actor and a LLaVA-1.5-7B representation model from local HF
+         directories (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs accelerators.
 """
 
 from __future__ import annotations

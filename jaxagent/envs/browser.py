@@ -63,6 +63,8 @@ TYPE_WARNING = ("note: The web element you're trying to type may not be a textbo
                 "type is {type}.")
 _TEXT_INPUT_TYPES = ("text", "search", "password", "email", "tel")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
+# The observation modes: an element-numbering observer, or the screen alone.
+OBSERVATIONS = OBSERVERS + ("screenshot",)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 _KEY_NAMES = {"enter": "Enter", "return": "Enter", "tab": "Tab", "escape": "Escape", "esc": "Escape",
@@ -171,7 +173,7 @@ class BrowserEnv:
     profile: "web" | "device" | "text" (`jaxagent.envs.profiles`) or a `Profile`; None = each task's own
       `Task.profile` (the context is new every episode, so one env serves web and device tasks alike).
     observation: whose element numbering actions refer to: "som" | "a11y" | "html"; or "screenshot": the screen
-      alone, no elements (agents that act at screen points, as AitW's; ~10 % less CPU per step than "som").
+      alone, no elements and no element pass (agents that act at screen points, as AitW's).
     screenshot_size: (width, height) to resize screenshots to; None = one pixel per CSS pixel.
     som_draw: draw the set-of-marks boxes on the screenshot (WebVoyager's GPT-4o agent sees them).
     load_timeout_ms / idle_timeout_ms: caps on waiting for `load` and `networkidle` after a navigation
@@ -186,8 +188,8 @@ class BrowserEnv:
                screenshot_size: tuple[int, int] | None = None, som_draw: bool = True, headless: bool = True,
                load_timeout_ms: int = 5000, idle_timeout_ms: int = 0, action_timeout_ms: int = 5000,
                wait_ms: int = 1000, a11y_keep_unnamed: tuple[str, ...] = (), executable_path: str | None = None):
-    if observation not in OBSERVERS + ("screenshot",):
-      raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVERS + ('screenshot',)}")
+    if observation not in OBSERVATIONS:
+      raise ValueError(f"observation={observation!r} is not an observer; use one of {OBSERVATIONS}")
     self._fixed_profile = profiles_lib.get_profile(profile) if profile is not None else None
     self.profile = self._fixed_profile or profiles_lib.PROFILES["web"]
     self.observation = observation
