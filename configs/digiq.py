@@ -61,6 +61,7 @@ def get_config(arg=None):
   c.il = ml_collections.ConfigDict(dict(steps=500, batch_size=8, lr=3e-3))
 
   c.behaviour = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0))
+  c.behaviour.splits = "train,test"
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens
 
   c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))

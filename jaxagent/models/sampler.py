@@ -30,7 +30,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """Static sampling settings (hashable: one compilation per distinct config and shape)."""
+  """Sampling settings (hashable: one compilation per distinct config and shape, except the temperature, which
+  is traced: every positive temperature shares one program, greedy has its own)."""
   max_new_tokens: int = 64
   temperature: float = 1.0  # 0 → greedy (argmax)
   top_k: int = 0  # 0 → off
@@ -59,9 +60,11 @@ class SampleOutput:
   lengths: jax.Array  # [B] int32, generated tokens per row including the EOS
 
 
-def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
-  """Temperature, then top-k, then top-p (nucleus) on [B, V] float32 logits; removed entries are -inf."""
-  logits = logits / config.temperature
+def filter_logits(logits: jax.Array, config: SamplingConfig, temperature: jax.Array | float | None = None
+                  ) -> jax.Array:
+  """Temperature, then top-k, then top-p (nucleus) on [B, V] float32 logits; removed entries are -inf.
+  `temperature` (a traced scalar inside the sampler) overrides `config.temperature`."""
+  logits = logits / (config.temperature if temperature is None else temperature)
   if config.top_k:
     kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -74,12 +77,13 @@ def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   return logits
 
 
-def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+def _choose(logits: jax.Array, key: jax.Array, config: SamplingConfig, temperature: jax.Array
+            ) -> tuple[jax.Array, jax.Array]:
   """Sampled tokens [B] and their temperature-1 log-probs [B]."""
   if config.temperature == 0:
     tokens = jnp.argmax(logits, axis=-1)
   else:
-    tokens = jax.random.categorical(key, filter_logits(logits, config), axis=-1)
+    tokens = jax.random.categorical(key, filter_logits(logits, config, temperature), axis=-1)
   tokens = tokens.astype(jnp.int32)
   logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
   return tokens, logprobs
@@ -91,7 +95,8 @@ def _is_eos(tokens: jax.Array, config: SamplingConfig) -> jax.Array:
   return jnp.isin(tokens, jnp.asarray(config.eos_ids, jnp.int32))
 
 
-def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, config: SamplingConfig) -> SampleOutput:
+def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, temperature, config: SamplingConfig
+            ) -> SampleOutput:
   b, t = prompt_mask.shape
   n = config.max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
@@ -103,7 +108,7 @@ def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, config: Sampling
   last = t - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=1)  # each row's last real token, either padding side
   logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
   rng, key = jax.random.split(rng)
-  token, logprob = _choose(logits, key, config)
+  token, logprob = _choose(logits, key, config, temperature)
   tokens = jnp.full((b, n), config.pad_id, jnp.int32).at[:, 0].set(token)
   logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(logprob)
   done = _is_eos(token, config)
@@ -117,7 +122,7 @@ def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, config: Sampling
     step, token, cache, tokens, logprobs, done, lengths, rng = state
     hidden, cache = model.hidden_states(token[:, None], attention_mask=~done[:, None], cache=cache)
     rng, key = jax.random.split(rng)
-    token, logprob = _choose(model.logits(hidden[:, 0]), key, config)
+    token, logprob = _choose(model.logits(hidden[:, 0]), key, config, temperature)
     token = jnp.where(done, config.pad_id, token)
     logprob = jnp.where(done, 0.0, logprob)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
@@ -148,7 +153,10 @@ def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: 
     raise ValueError("sample: every row of prompt_mask needs at least one real token")
   rng = jax.random.key(0) if rng is None else rng
   ids = None if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
-  return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, config)
+  # The temperature is traced (one compilation serves every positive temperature); only greedy vs sampled is
+  # static, so the static config carries 0 or 1.
+  static = dataclasses.replace(config, temperature=float(config.temperature > 0))
+  return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, jnp.float32(config.temperature), static)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -71,9 +71,19 @@ def stage_il(config, workdir, out):
   return {"demos": len(trajs), "expert_success": common.success_rate(trajs), "samples": len(items)}
 
 
+def behaviour_tasks(config, workdir):
+  """The tasks the behaviour episodes are drawn from: the splits named in `behaviour.splits`."""
+  suites = _tasks(config, workdir)
+  splits = [s.strip() for s in str(config.behaviour.splits).split(",") if s.strip()]
+  if not splits or set(splits) - set(suites):
+    raise ValueError(f"config.behaviour.splits={config.behaviour.splits!r}: name one or more of {sorted(suites)}, "
+                     "comma-separated (e.g. 'train,test')")
+  return [t for s in splits for t in suites[s]]
+
+
 def stage_behaviour(config, workdir, out):
-  train = _tasks(config, workdir)["train"]
-  tasks = data_lib.episodes(train, int(config.behaviour.episodes), int(config.seed) + 1, "beh")
+  tasks = data_lib.episodes(behaviour_tasks(config, workdir), int(config.behaviour.episodes), int(config.seed) + 1,
+                            "beh")
   actor = common.load_actor(os.path.join(workdir, "il"), _il_config(config), config.behaviour.temperature,
                             seed=int(config.seed))
   trajs = common.rollout(config, os.path.join(out, "store"), actor, tasks, "il_actor@behaviour")

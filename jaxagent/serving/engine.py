@@ -6,9 +6,9 @@ ids, and images are preprocessed as the IL pipeline does. Shapes are bucketed to
 `max_batch`, prompt length from 64, new tokens from 16, images from 1) so a server compiles a handful of
 programs, not one per request; padded rows are one-token prompts whose output is dropped.
 
-Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but the
-sampler's settings are static under `jit`, so `generate` splits a batch by (temperature, top_p, top_k)
-and calls the sampler once per group. `stats()` counts requests, sampler calls, rows and tokens: the
+Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
+sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
+sampler once per group (the temperature is traced: groups that differ only in it share a compilation). `stats()` counts requests, sampler calls, rows and tokens: the
 evidence that concurrent requests were batched.
 """
 

@@ -68,6 +68,23 @@ def test_top_k_1_equals_greedy(model, prompts):
   np.testing.assert_allclose(top1.logprobs, greedy.logprobs, rtol=1e-6)
 
 
+def test_temperatures_share_one_compilation_and_still_apply(model, prompts):
+  """The temperature is traced: a second positive temperature reuses the program, and still changes the draw
+  (a near-zero temperature samples the argmax)."""
+  ids, mask = prompts
+  n = N + 1  # a max_new_tokens no other test compiles
+  before = sampler._sample_jit._cache_size()  # pylint: disable=protected-access
+  hot = sampler.sample(model, ids, mask, sampler.SamplingConfig(max_new_tokens=n, temperature=5.0),
+                       rng=jax.random.key(1))
+  after_first = sampler._sample_jit._cache_size()  # pylint: disable=protected-access
+  cold = sampler.sample(model, ids, mask, sampler.SamplingConfig(max_new_tokens=n, temperature=1e-4),
+                        rng=jax.random.key(1))
+  assert sampler._sample_jit._cache_size() == after_first == before + 1  # pylint: disable=protected-access
+  greedy = sampler.sample(model, ids, mask, sampler.SamplingConfig(max_new_tokens=n, temperature=0.0))
+  np.testing.assert_array_equal(cold.tokens, greedy.tokens)
+  assert not np.array_equal(hot.tokens, greedy.tokens)
+
+
 def test_eos_stops_rows_independently(model, prompts):
   ids, mask = prompts
   free = np.asarray(_greedy(model, ids, mask).tokens)

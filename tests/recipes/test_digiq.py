@@ -107,6 +107,19 @@ def test_episodes_are_seeded_and_unique():
   assert len({t.id for t in a}) == 7 and {t.id.split("@")[0] for t in a} == {"t0", "t1", "t2"}
 
 
+def test_behaviour_tasks_come_from_the_named_splits(tmp_path):
+  config = digiq_config.get_config("smoke")
+  workdir = str(tmp_path)
+  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
+  splits = {name: data_lib.read_tasks(os.path.join(workdir, "tasks", f"{name}.jsonl")) for name in ("train", "test")}
+  assert {t.id for t in digiq.behaviour_tasks(config, workdir)} == {t.id for t in splits["train"] + splits["test"]}
+  config.behaviour.splits = "train"
+  assert [t.id for t in digiq.behaviour_tasks(config, workdir)] == [t.id for t in splits["train"]]
+  config.behaviour.splits = "train,valid"
+  with pytest.raises(ValueError, match="behaviour.splits"):
+    digiq.behaviour_tasks(config, workdir)
+
+
 class _ScriptedSampler:
   """A stand-in for the VLM actor's `generate` (returns queued texts; no model), to test the resampling rule."""
 

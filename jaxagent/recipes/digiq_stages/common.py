@@ -226,7 +226,10 @@ def train_vlm(config, workdir: str, items: list[dict], init_from: str | None = N
   if longest > config.data.seq_len + 1:  # a cut action string would teach the actor unparsable outputs
     raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
                      f"raise --config.data.seq_len to at least {longest}")
-  encode = _WeightedEncode(tokenizer, config.data.seq_len, num_image_tokens, preprocess,
+  # Batches are padded to the longest sample (rounded up to 32), not to seq_len: the representation task's
+  # samples are half as long as the actor's, and no step should pay for attention over padding.
+  seq_len = min(int(config.data.seq_len), -(-(longest - 1) // 32) * 32)
+  encode = _WeightedEncode(tokenizer, seq_len, num_image_tokens, preprocess,
                            preprocess.crop_size or preprocess.size, config.data.max_images)
   ds = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))
   pretrained = (lambda: _on_host(load_policy(init_from, config=config).model)) if init_from else None
