@@ -5,23 +5,26 @@ representation fine-tuning → critic → Best-of-N actor → evaluation.
 
 The bare file is the embedded default: the device-profile (412×915 phone, AitW action space) `shop_category_sort`
 tasks of the bundled sites (open Shop from the launcher, accept cookies, tap the category, tap the sort order,
-complete: 5 steps; 16 (category, sort) pairs in train, the 8 held-out pairs in test, so every test task combines
-two steps seen apart), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a
-laptop CPU with no download. Its critic regresses on MC returns and reads the goal as a bag of words and each
-tap's point directly (see `critic` below), and Best-of-N scores candidates with the lower of the two Q heads
-(`actor.head_reduce`); the paper variant restores the code's bellman critic and its max over heads. The IL actor
-is trained briefly (500 steps on 40 demonstrations) so that, sampled at temperature 1, it succeeds on some
-behaviour episodes and fails on others, as AutoUI's zero-shot data do. Every stage writes `<workdir>/<stage>/`
-and a `DONE` marker; a restarted run skips finished stages and resumes a stage where it stopped (collections by
-episode, trainings from Orbax).
+complete: 5 steps; 16 (category, sort) pairs in train, the 8 held-out pairs in test, so every test task combines two
+steps seen apart), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a laptop
+CPU with no download. The expert demonstrates the train pairs only; the behaviour data cover all 24
+(`behaviour.splits`), so the test pairs' only training signal is the behaviour episodes and their rewards: what
+offline RL has to learn from (`behaviour.splits = "train"` keeps the test pairs out of every stage). Its critic
+regresses on MC returns and reads the goal as a bag of words and each tap's point directly (see `critic` below), and
+Best-of-N scores candidates with the lower of the two Q heads (`actor.head_reduce`); the paper variant restores the
+code's bellman critic and its max over heads. The IL actor is trained briefly (500 steps on 40 demonstrations) so
+that, sampled at temperature 1, it succeeds on some behaviour episodes and fails on others, as AutoUI's zero-shot
+data do. Every stage writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished stages and
+resumes a stage where it stopped (collections by episode, trainings from Orbax).
 
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
-  paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, N = 16, γ 0.95, τ 0.10, the
-         code's bellman critic (pooler text encoders, no point features, max over the double heads), critic lr
-         1e-5 (800 steps of batch 128), actor lr 1e-4 (900 steps of batch 128), clip 0.01, eval temperature
-         0.8, 10 steps per episode, an AutoUI-size actor and a LLaVA-1.5-7B representation model from local HF
-         directories (`--config.model.hf_checkpoint`, `--config.representation.hf_checkpoint`); needs accelerators.
+  paper  Digi-Q's scale and hyper-parameters (§5.7): all device task families, behaviour data on the train
+         tasks, N = 16, γ 0.95, τ 0.10, the code's bellman critic (pooler text encoders, no point features, max
+         over the double heads), critic lr 1e-5 (800 steps of batch 128), actor lr 1e-4 (900 steps of batch
+         128), clip 0.01, eval temperature 0.8, 10 steps per episode, an AutoUI-size actor and a LLaVA-1.5-7B
+         representation model from local HF directories (`--config.model.hf_checkpoint`,
+         `--config.representation.hf_checkpoint`); needs accelerators.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def get_config(arg=None):
   c.il = ml_collections.ConfigDict(dict(steps=500, batch_size=8, lr=3e-3))
 
   c.behaviour = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0))
-  c.behaviour.splits = "train,test"
+  c.behaviour.splits = "train,test"  # the task splits behaviour episodes are drawn from (demos: train only)
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens
 
   c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))
@@ -144,6 +147,7 @@ def get_config(arg=None):
     c.env.workers = 16
     c.demos.episodes = 1000
     c.behaviour.episodes = 1008
+    c.behaviour.splits = "train"  # AitW's offline data are rollouts on the train instructions
     c.sampling.max_tokens = 128
     c.candidates.n = 16
     c.representation.update(steps=2000, batch_size=16, lr=2e-5)

@@ -5,7 +5,8 @@ stages and resumes the running one: rollouts by episode id, trainings from their
 
   tasks           the device-profile (phone, AitW action space) suites of the chosen families
   il              the scripted expert's demonstrations in AutoUI format → the tiny VLM trained on them
-  behaviour       the IL actor sampled at `behaviour.temperature` on train tasks, judged (terminal reward 1)
+  behaviour       the IL actor sampled at `behaviour.temperature` on the `behaviour.splits` tasks, judged
+                  (terminal reward 1)
   candidates      N−1 more actions per state from the actor (temperature 1.2, invalid ones resampled ≤ 3×),
                   the dataset action first, in `Step.candidates` (§5.1 step 4)
   representation  the VLM fine-tuned on "does this action change the screen" (§5.2), then every
