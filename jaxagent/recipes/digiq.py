@@ -156,18 +156,29 @@ def stage_critic(config, workdir, out):
           "v_failure": float(vmax[~succ].mean()) if (~succ).any() else None}
 
 
-def stage_actor(config, workdir, out):
+def best_of_n(config, scores: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(chosen candidate, its advantage, its actor weight) per scored state (§5.5) under `config.actor`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxagent.rl import losses  # pylint: disable=g-import-not-at-top
+  a = config.actor
+  idx, adv = losses.best_of_n_select(jnp.asarray(scores["q"]), jnp.asarray(scores["v"]),
+                                     jnp.asarray(scores["valid"]), str(a.head_reduce), True)
+  weight = losses.best_of_n_weights(adv, str(a.loss), float(a.threshold), float(a.pg_multiplier),
+                                    float(a.awr_beta))
+  idx, adv, weight = np.asarray(idx), np.asarray(adv), np.asarray(weight)
+  if not np.all(np.isfinite(weight)):  # awr's exp(A / β): e^88.7 is float32's largest
+    raise ValueError(f"actor.loss={a.loss!r} with actor.awr_beta={a.awr_beta} gives infinite weights: exp(A / β) "
+                     f"overflows float32 for advantages above {88.7 * float(a.awr_beta):.3f} (the largest here is "
+                     f"{float(adv.max()):.3f}); raise actor.awr_beta")
+  return idx, adv, weight
+
+
+def stage_actor(config, workdir, out):
   store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
   trajs = [store.read(i) for i in range(len(store))]
   s = dict(np.load(os.path.join(workdir, "critic", "scores.npz")))
   a = config.actor
-  idx, adv = losses.best_of_n_select(jnp.asarray(s["q"]), jnp.asarray(s["v"]), jnp.asarray(s["valid"]),
-                                     str(a.head_reduce), True)
-  weight = losses.best_of_n_weights(adv, str(a.loss), float(a.threshold), float(a.pg_multiplier),
-                                    float(a.awr_beta))
-  idx, adv, weight = np.asarray(idx), np.asarray(adv), np.asarray(weight)
+  idx, adv, weight = best_of_n(config, s)
   picks = [(i, k, trajs[i].steps[k].candidates[int(idx[r])], weight[r])
            for r, (i, k) in enumerate(s["rows"]) if weight[r] > 0]
   items = state_items(store, trajs, picks, os.path.join(out, "images"))

@@ -35,6 +35,16 @@ def _rules(config):
   return tuple(rules) if rules else None
 
 
+def _check_finite(metrics, step: int, ckpt: Checkpointer) -> None:
+  """Raises FloatingPointError if the step's loss is NaN or infinite, before that state is checkpointed."""
+  loss = float(jax.device_get(metrics["loss"]))
+  if not np.isfinite(loss):
+    raise FloatingPointError(
+        f"train: the loss is {loss} at step {step}; the state was not checkpointed (the latest is step "
+        f"{ckpt.latest_step()} in {ckpt.directory}). Lower optim.lr, tighten optim.clip_norm or check the "
+        "loss's per-sample weights.")
+
+
 def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: LossFn,
           dataset: grain.MapDataset, flops_per_token: float | None = None,
           on_start: Callable[[MetricWriter, TrainState], None] | None = None,
@@ -93,6 +103,8 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
     with jax.set_mesh(mesh), jax.profiler.StepTraceAnnotation("train", step_num=step):
       ts.state, metrics = step_fn(ts.state, put_batch(batch, b_shard), jax.random.fold_in(rng, step))
     profile.after_step(step, metrics)
+    if (step + 1) % ckpt.every == 0 or step + 1 == total:
+      _check_finite(metrics, step + 1, ckpt)  # never checkpoint a diverged state: a resume would restore it
     ckpt.save(step + 1, ts.state, rng, data_iter.get_state(), force=step + 1 == total)
 
     if window_t0 is None:  # the first step compiles: time from its end

@@ -120,6 +120,18 @@ def test_behaviour_tasks_come_from_the_named_splits(tmp_path):
     digiq.behaviour_tasks(config, workdir)
 
 
+def test_best_of_n_picks_the_best_valid_candidate_and_refuses_infinite_awr_weights():
+  config = digiq_config.get_config("smoke")
+  config.actor.update(head_reduce="min", threshold=0.1)
+  q = np.array([[[0.2, 0.3], [0.9, 0.8], [1.0, 1.0]]])  # [states, N, heads]; candidate 2 is invalid
+  scores = {"q": q, "v": np.array([[0.3, 0.4]]), "valid": np.array([[True, True, False]])}
+  idx, adv, weight = digiq.best_of_n(config, scores)
+  assert idx.tolist() == [1] and adv.tolist() == pytest.approx([0.8 - 0.3]) and weight.tolist() == [1.0]
+  config.actor.update(loss="awr", awr_beta=0.005)  # exp(0.5 / 0.005) = e^100 > float32's max
+  with pytest.raises(ValueError, match="actor.awr_beta"):
+    digiq.best_of_n(config, scores)
+
+
 class _ScriptedSampler:
   """A stand-in for the VLM actor's `generate` (returns queued texts; no model), to test the resampling rule."""
 
