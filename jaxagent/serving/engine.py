@@ -8,8 +8,8 @@ programs, not one per request; padded rows are one-token prompts whose output is
 
 Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
 sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
-sampler once per group (the temperature is traced: groups that differ only in it share a compilation). `stats()` counts requests, sampler calls, rows and tokens: the
-evidence that concurrent requests were batched.
+sampler once per group (the temperature is traced: groups that differ only in it share a compilation).
+`stats()` counts requests, sampler calls, rows and tokens: the evidence that concurrent requests were batched.
 """
 
 from __future__ import annotations
