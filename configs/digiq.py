@@ -7,9 +7,11 @@ The bare file is the embedded default: the device-profile (412×915 phone, AitW 
 tasks of the bundled sites (open Shop from the launcher, accept cookies, tap the category, tap the sort order,
 complete: 5 steps; 16 (category, sort) pairs in train, the 8 held-out pairs in test, so every test task combines two
 steps seen apart), a tiny VLM trained from scratch, N = 4 candidates per state (the paper uses 16), all on a laptop
-CPU with no download. The expert demonstrates the train pairs only; the behaviour data cover all 24
-(`behaviour.splits`), so the test pairs' only training signal is the behaviour episodes and their rewards: what
-offline RL has to learn from (`behaviour.splits = "train"` keeps the test pairs out of every stage). Its critic
+CPU with no download. The expert demonstrates the train pairs only; the offline data are the IL actor's own
+attempts at the test pairs (`behaviour.splits = "test"`), judged, so what any later stage learns about the target
+tasks comes from those rollouts and their rewards, the setting offline RL is for. They are the evaluation's 100
+episodes themselves (the same draw), so the evaluation scores the behaviour policy on them instead of running it
+again; `behaviour.splits = "train,test"` or `"train"` draw behaviour episodes of their own. Its critic
 regresses on MC returns and reads the goal as a bag of words and each tap's point directly (see `critic` below), and
 Best-of-N scores candidates with the lower of the two Q heads (`actor.head_reduce`); the paper variant restores the
 code's bellman critic and its max over heads. The IL actor is trained briefly (500 steps on 40 demonstrations) so
@@ -63,15 +65,18 @@ def get_config(arg=None):
   c.demos = ml_collections.ConfigDict(dict(episodes=40))  # scripted-expert demonstrations (train tasks)
   c.il = ml_collections.ConfigDict(dict(steps=500, batch_size=8, lr=3e-3))
 
-  c.behaviour = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0))
-  c.behaviour.splits = "train,test"  # the task splits behaviour episodes are drawn from (demos: train only)
+  c.behaviour = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0))
+  # The task splits behaviour episodes are drawn from (demos: train only). "test" alone draws the evaluation's
+  # episodes (`recipes.digiq.behaviour_episodes`), whose rollouts then also score the behaviour policy.
+  c.behaviour.splits = "test"
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens
 
   c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))
 
   c.representation = ml_collections.ConfigDict()
   c.representation.hf_checkpoint = ""  # "" = fine-tune the IL actor's VLM; else a local LLaVA directory
-  c.representation.steps = 100  # ≈ 2 epochs of the behaviour steps (the seeds README: "> 2 epochs is usually enough")
+  c.representation.steps = 100  # ≈ 1.3 epochs of the ~600 behaviour steps (the seeds README: "> 2 epochs is usually
+  # enough"; 2 epochs of the previous default's 382)
   c.representation.batch_size = 8
   c.representation.lr = 1e-3
   c.representation.batch = 32  # (state, action) pairs per extraction forward pass
@@ -85,7 +90,7 @@ def get_config(arg=None):
   c.critic.tau = 0.10
   c.critic.target_every = 10  # optimizer steps per Polyak update (paper: once per 1-step epoch)
   c.critic.backup = "dataset"  # dataset (code) | sample | mean (paper's J_V over π_β candidates)
-  # bellman (the code's default) | mc (the code's other option). On 64 behaviour episodes the bellman critic
+  # bellman (the code's default) | mc (the code's other option). On the previous default's 64 behaviour episodes the bellman critic
   # ranks the category step's candidates at chance; regressing on the MC return does not (README, Digi-Q).
   c.critic.advantage_estimation = "mc"
   c.critic.learn_metric = "regression"  # regression | classification

@@ -6,7 +6,7 @@ stages and resumes the running one: rollouts by episode id, trainings from their
   tasks           the device-profile (phone, AitW action space) suites of the chosen families
   il              the scripted expert's demonstrations in AutoUI format → the tiny VLM trained on them
   behaviour       the IL actor sampled at `behaviour.temperature` on the `behaviour.splits` tasks, judged
-                  (terminal reward 1)
+                  (terminal reward 1); on the test split alone, the evaluation's own episodes
   candidates      N−1 more actions per state from the actor (temperature 1.2, invalid ones resampled ≤ 3×),
                   the dataset action first, in `Step.candidates` (§5.1 step 4)
   representation  the VLM fine-tuned on "does this action change the screen" (§5.2), then every
@@ -15,7 +15,8 @@ stages and resumes the running one: rollouts by episode id, trainings from their
                   (§5.3–5.4); all candidates scored (`scores.npz`)
   actor           Best-of-N extraction (§5.5): the argmax candidate where Q − V > threshold, trained from the
                   IL actor (`pg`, `awr`, `sft` weightings as options)
-  eval            behaviour policy, IL actor and Digi-Q actor on the test split (same episodes, fixed seed):
+  eval            behaviour policy, IL actor and Digi-Q actor on the test split (same episodes, fixed seed; the
+                  behaviour policy scored on the behaviour stage's rollouts when those are the same episodes):
                   `<workdir>/results.json`, TensorBoard, a table; `<workdir>/viewer.html`
 """
 
@@ -72,19 +73,32 @@ def stage_il(config, workdir, out):
   return {"demos": len(trajs), "expert_success": common.success_rate(trajs), "samples": len(items)}
 
 
+def _split_names(config) -> list[str]:
+  return [s.strip() for s in str(config.behaviour.splits).split(",") if s.strip()]
+
+
 def behaviour_tasks(config, workdir):
   """The tasks the behaviour episodes are drawn from: the splits named in `behaviour.splits`."""
   suites = _tasks(config, workdir)
-  splits = [s.strip() for s in str(config.behaviour.splits).split(",") if s.strip()]
+  splits = _split_names(config)
   if not splits or set(splits) - set(suites):
     raise ValueError(f"config.behaviour.splits={config.behaviour.splits!r}: name one or more of {sorted(suites)}, "
                      "comma-separated (e.g. 'train,test')")
   return [t for s in splits for t in suites[s]]
 
 
+def behaviour_episodes(config, workdir):
+  """The behaviour stage's episodes. Drawn from the test split alone, they are drawn as the evaluation draws its
+  own (`eval.seed`, the same ids), so with `behaviour.episodes >= eval.episodes` they contain every evaluation
+  episode and the eval stage scores the behaviour policy on these rollouts (`behaviour_rollouts`)."""
+  tasks, n = behaviour_tasks(config, workdir), int(config.behaviour.episodes)
+  if _split_names(config) == ["test"]:
+    return data_lib.episodes(tasks, n, int(config.eval.seed), "eval")
+  return data_lib.episodes(tasks, n, int(config.seed) + 1, "beh")
+
+
 def stage_behaviour(config, workdir, out):
-  tasks = data_lib.episodes(behaviour_tasks(config, workdir), int(config.behaviour.episodes), int(config.seed) + 1,
-                            "beh")
+  tasks = behaviour_episodes(config, workdir)
   actor = common.load_actor(os.path.join(workdir, "il"), _il_config(config), config.behaviour.temperature,
                             seed=int(config.seed))
   trajs = common.rollout(config, os.path.join(out, "store"), actor, tasks, "il_actor@behaviour")
@@ -240,9 +254,24 @@ def test_episodes(config, workdir):
 def evaluate(config, workdir, store_dir, name, model_dir, model_config, temperature) -> dict:
   """Rolls the actor saved in `model_dir` out on the test episodes into `store_dir`; its success rate etc."""
   actor = common.load_actor(model_dir, model_config, temperature, seed=int(config.eval.seed))
-  trajs = common.rollout(config, store_dir, actor, test_episodes(config, workdir), name)
+  return _eval_summary(common.rollout(config, store_dir, actor, test_episodes(config, workdir), name), temperature)
+
+
+def _eval_summary(trajs, temperature: float) -> dict:
   return {"success_rate": common.success_rate(trajs), "episodes": len(trajs), "temperature": temperature,
           "mean_steps": float(np.mean([len(t.steps) for t in trajs]))}
+
+
+def behaviour_rollouts(config, workdir):
+  """The behaviour stage's trajectories of the evaluation's episodes, in their order; None unless it ran every
+  one of them (`behaviour_episodes`). The behaviour policy is fixed, so its rollouts there score it as a fresh
+  evaluation would, and the eval stage need not run those episodes a second time."""
+  store = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
+  by_id = {store.read_json(i)["task"]["id"]: i for i in range(len(store))}
+  episodes = test_episodes(config, workdir)
+  if not all(t.id in by_id for t in episodes):
+    return None
+  return [store.read(by_id[t.id]) for t in episodes]
 
 
 def stage_eval(config, workdir, out):
@@ -254,9 +283,13 @@ def stage_eval(config, workdir, out):
       "digiq_actor": (actor_src, actor_config(config), float(config.eval.temperature)),
   }
   results = {}
+  reused = behaviour_rollouts(config, workdir)
   writer = MetricWriter(out)
   for n, (name, (path, cfg, temperature)) in enumerate(policies.items()):
-    results[name] = evaluate(config, workdir, os.path.join(out, name), name, path, cfg, temperature)
+    if name == "behaviour" and reused is not None:
+      results[name] = {**_eval_summary(reused, temperature), "rollouts": "behaviour stage"}
+    else:
+      results[name] = evaluate(config, workdir, os.path.join(out, name), name, path, cfg, temperature)
     writer.write_scalars(n, {f"eval/{name}_success_rate": results[name]["success_rate"]})
   writer.close()
   results["digiq_minus_behaviour"] = results["digiq_actor"]["success_rate"] - results["behaviour"]["success_rate"]
@@ -300,6 +333,8 @@ def results_table(results: dict) -> str:
     r = results[name]
     rows.append(f"{name:<15} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
                 f"{r['mean_steps']:10.2f}")
+  if "rollouts" in results["behaviour"]:
+    rows.append(f"(behaviour: scored on the {results['behaviour']['rollouts']}'s rollouts of these episodes)")
   rows.append(f"Digi-Q − behaviour: {results['digiq_minus_behaviour'] * 100:+.1f} points")
   return "\n".join(rows)
 

@@ -68,6 +68,9 @@ def test_results_cover_the_three_policies(pipeline):
   for name in ("behaviour", "il_actor", "digiq_actor"):
     assert saved[name]["episodes"] == config.eval.episodes
     assert 0.0 <= saved[name]["success_rate"] <= 1.0
+  # The smoke behaviour episodes are the evaluation's (test split, as many): scored on those rollouts, not rerun.
+  assert saved["behaviour"]["rollouts"] == "behaviour stage"
+  assert not os.path.exists(os.path.join(workdir, "eval", "behaviour"))
   assert saved["digiq_minus_behaviour"] == pytest.approx(
       saved["digiq_actor"]["success_rate"] - saved["behaviour"]["success_rate"])
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "eval")))
@@ -112,12 +115,43 @@ def test_behaviour_tasks_come_from_the_named_splits(tmp_path):
   workdir = str(tmp_path)
   digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
   splits = {name: data_lib.read_tasks(os.path.join(workdir, "tasks", f"{name}.jsonl")) for name in ("train", "test")}
+  assert [t.id for t in digiq.behaviour_tasks(config, workdir)] == [t.id for t in splits["test"]]
+  config.behaviour.splits = "train,test"
   assert {t.id for t in digiq.behaviour_tasks(config, workdir)} == {t.id for t in splits["train"] + splits["test"]}
   config.behaviour.splits = "train"
   assert [t.id for t in digiq.behaviour_tasks(config, workdir)] == [t.id for t in splits["train"]]
   config.behaviour.splits = "train,valid"
   with pytest.raises(ValueError, match="behaviour.splits"):
     digiq.behaviour_tasks(config, workdir)
+
+
+def test_behaviour_episodes_on_the_test_split_are_the_evaluations(tmp_path):
+  config = digiq_config.get_config("smoke")
+  config.eval.episodes, config.behaviour.episodes = 5, 7
+  workdir = str(tmp_path)
+  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
+  evaluation = [t.id for t in digiq.test_episodes(config, workdir)]
+  assert [t.id for t in digiq.behaviour_episodes(config, workdir)][:5] == evaluation  # the same draw, and more
+  config.behaviour.splits = "train,test"
+  assert not set(evaluation) & {t.id for t in digiq.behaviour_episodes(config, workdir)}
+
+
+def test_eval_reuses_behaviour_rollouts_only_when_they_cover_every_episode(tmp_path):
+  from jaxagent import types
+  config = digiq_config.get_config("smoke")
+  config.eval.episodes = 3
+  workdir = str(tmp_path)
+  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
+  episodes = digiq.test_episodes(config, workdir)
+  store = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
+  for task, success in zip(reversed(episodes[1:]), (1.0, 0.0)):  # stored out of order, one missing
+    store.append(types.Trajectory(task, steps=[], success=success))
+  assert digiq.behaviour_rollouts(config, workdir) is None
+  store.append(types.Trajectory(episodes[0], steps=[], success=1.0))
+  store.refresh()
+  reused = digiq.behaviour_rollouts(config, workdir)
+  assert [t.task.id for t in reused] == [t.id for t in episodes]
+  assert [t.success for t in reused] == [1.0, 0.0, 1.0]
 
 
 def test_best_of_n_picks_the_best_valid_candidate_and_refuses_infinite_awr_weights():
