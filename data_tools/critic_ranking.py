@@ -9,6 +9,10 @@ action, and by a uniformly random valid candidate (the chance level), over the s
 
   python data_tools/critic_ranking.py --workdir /tmp/digiq    # a finished (or past-critic) Digi-Q workdir
 
+The states must be shared: the default's behaviour episodes are on the test pairs, which no demonstration shows,
+so on its workdir there is nothing to compare (the tool says so and exits 1); run the pipeline with
+`--config.behaviour.splits=train,test` (or `train`) for a workdir it can check.
+
 Two reference columns bound what any critic could do on these data:
   * `any valid`: a valid candidate matches the expert (the ceiling of re-ranking these candidates);
   * `lookup`: a leave-one-out table of the behaviour data itself. A candidate's value is the mean success of the
@@ -166,6 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   demos = read(os.path.join(args.workdir, "il", "demos"))
   trajs = read(os.path.join(args.workdir, "candidates", "store"))
   report = ranking_report(demos, trajs, scores["rows"], scores["q"], scores["valid"], args.tol_x, args.tol_y)
+  if not report:
+    print("critic_ranking: no behaviour state matches a demonstration's (same URL and prompt, hence the same goal), so "
+          "there is no expert action to compare with: the behaviour episodes are on tasks the demonstrations never "
+          "showed (the default's behaviour.splits='test'). Run the pipeline with --config.behaviour.splits=train,test "
+          "(or train) to check the critic against the expert.", file=sys.stderr)
+    return 1
   print("demo step  states  argmax-Q  dataset  random valid  lookup  any valid  (fraction matching the expert)")
   for k, r in report.items():
     print(f"{k:9d}  {r['states']:6d}  {r['argmax_q']:8.2f}  {r['dataset']:7.2f}  {r['random_valid']:12.2f}"

@@ -92,3 +92,15 @@ def test_selection_report_counts_only_the_states_best_of_n_keeps():
   assert report == {0: {"selected": 1, "picked": 0.0, "dataset": 1.0},
                     1: {"selected": 2, "picked": 1.0, "dataset": 0.5}}
   assert critic_ranking.selection_report([demo], behaviour, rows, q, v, valid, threshold=0.5) == {}
+
+
+def test_main_says_why_when_no_behaviour_state_is_a_demonstration_state(tmp_path, capsys):
+  from jaxagent.data.store import TrajectoryStore
+  TrajectoryStore(str(tmp_path / "il" / "demos")).append(_traj("a", [("shop/", "goal A", _tap(0.1, 0.2), None)]))
+  TrajectoryStore(str(tmp_path / "candidates" / "store")).append(
+      _traj("b", [("shop/", "goal B", _tap(0.1, 0.2), [_tap(0.1, 0.2)] * 2)], success=0.0))
+  (tmp_path / "critic").mkdir()
+  np.savez(tmp_path / "critic" / "scores.npz", rows=np.array([[0, 0]]), q=np.zeros((1, 2, 2)), v=np.zeros((1, 2)),
+           valid=np.ones((1, 2), bool))
+  assert critic_ranking.main(["--workdir", str(tmp_path)]) == 1
+  assert "behaviour.splits=train,test" in capsys.readouterr().err
