@@ -90,8 +90,9 @@ def get_config(arg=None):
   c.critic.tau = 0.10
   c.critic.target_every = 10  # optimizer steps per Polyak update (paper: once per 1-step epoch)
   c.critic.backup = "dataset"  # dataset (code) | sample | mean (paper's J_V over π_β candidates)
-  # bellman (the code's default) | mc (the code's other option). On the previous default's 64 behaviour episodes the bellman critic
-  # ranks the category step's candidates at chance; regressing on the MC return does not (README, Digi-Q).
+  # bellman (the code's default) | mc (the code's other option). On the previous default's 64 behaviour episodes
+  # the bellman critic ranked the category step's candidates at chance; regressing on the MC return did not
+  # (README, Digi-Q).
   c.critic.advantage_estimation = "mc"
   c.critic.learn_metric = "regression"  # regression | classification
   c.critic.text_dim = 32
