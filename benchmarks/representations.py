@@ -1,9 +1,9 @@
-"""Digi-Q representation extraction: (state, action) pairs/s, ours (`recipes.digiq_stages.represent.Encoder`,
+"""Digi-Q representation extraction: (state, action) pairs/s, ours (`proj.digiq.represent.Encoder`,
 one jitted forward per batch) vs the same tiny VLM in `transformers` (PyTorch CPU, `LlavaForConditionalGeneration`
 loaded from our HF export), measured in the same run.
 
 Both sides get identical inputs: the §5.2 prompt per candidate with the cursor drawn on the 1/4 screenshot
-(`data.digiq.representation_query`), tokenised with image placeholders expanded and preprocessed once, then
+(`proj.digiq.screens.representation_query`), tokenised with image placeholders expanded and preprocessed once, then
 batched `--batch` rows at a time; the representation is the last layer's (final-norm) hidden state at the
 answer position. Model time only (the host-side query building is shared and reported separately). Each side
 is warmed up once (compilation excluded) and timed `--repeats` times, best kept; the max abs difference of the
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxagent.recipes.digiq_stages import represent  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.proj.digiq import represent  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def _screens(n: int, rng) -> list[np.ndarray]:
@@ -77,7 +77,7 @@ def main():
 
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from jaxagent.data import digiq as digiq_data  # pylint: disable=g-import-not-at-top
+  from jaxagent.proj.digiq import screens as digiq_data  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import llava  # pylint: disable=g-import-not-at-top
   from jaxagent.serving.checkpoint import random_policy  # pylint: disable=g-import-not-at-top
 

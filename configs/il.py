@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
+from jaxagent import config_lib
 
 VARIANTS = ("smoke", "text", "owv")
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, variant="")
-  c = common.base_config()
+  arg = config_lib.parse_arg(arg, variant="")
+  c = config_lib.base_config()
   c.recipe = "il"
 
-  c.model = common.vlm_model()
+  c.model = config_lib.vlm_model()
 
   c.data = ml_collections.ConfigDict()
   c.data.path = ""  # OWV JSON/JSONL; "" = synthetic conversations generated into <workdir>/data
@@ -41,8 +41,6 @@ def get_config(arg=None):
   c.train.batch_size = 8
   c.train.log_every = 10
   c.optim.lr = 3e-3
-  c.optim.warmup_steps = 10
-  c.optim.weight_decay = 0.0
   c.checkpoint.every = 50
 
   if arg.variant == "smoke":
@@ -59,16 +57,15 @@ def get_config(arg=None):
   elif arg.variant == "text":
     c.model.kind = "decoder"
   elif arg.variant == "owv":
-    c.model.hf_checkpoint = "/path/to/idefics2-or-llava-hf-checkpoint"
-    c.data.path = "/path/to/owv_il_conversations.json"
+    c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an idefics2/LLaVA directory
+    c.data.path = ml_collections.config_dict.placeholder(str)  # required: OWV conversations (JSON/JSONL)
     c.data.seq_len = 8192
     c.data.image_size = 336
     c.train.steps = 300
     c.train.batch_size = 64
     c.train.grad_accum_steps = 8
-    c.optim.update(lr=1e-5, end_lr_ratio=0.1, warmup_steps=9, b1=0.9, b2=0.999, weight_decay=0.0, clip_norm=1.0)
+    c.optim.update(lr=1e-5, warmup_steps=9)  # → 1e-6 cosine, clip 1.0, Adam β (0.9, 0.999): the defaults
     c.checkpoint.every = 100
-    c.mesh.update(data=1, fsdp=-1, tensor=1)
   elif arg.variant:
     raise ValueError(f"configs/il.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
   return c

@@ -6,9 +6,9 @@ The bare file is the embedded default: the web-profile `shop_category_sort` quer
 (accept cookies, click the category, click the sort order, answer; 4 steps; test pairs combine a category and
 an order seen apart in train), the scripted expert as the teacher on 10 of the 16 train pairs, a tiny VLM
 trained from scratch, the programmatic judge, two iterations exploring 6 queries each, 6-step episodes, greedy
-evaluation on every test task; a laptop CPU, no download, no key, ~18 minutes (README, OpenWebVoyager). The
-accessibility tree is shortened for its small context (`observation.max_tree_lines`, `drop_urls`); the paper
-variant shows the full tree.
+evaluation on every test task; a laptop CPU, no download, no key. The accessibility tree is shortened for its
+small context (`observation.max_tree_lines`, `drop_urls`); the paper variant shows the full tree. Figures:
+docs/results/openwebvoyager.md.
 
 Variants (`configs/openwebvoyager.py:<name>`):
   smoke  a handful of queries and steps per stage, one iteration (`tests/recipes/test_openwebvoyager.py`).
@@ -23,31 +23,28 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
+from jaxagent import config_lib
 
 VARIANTS = ("smoke", "paper")
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, variant="")
-  c = common.base_config()
+  arg = config_lib.parse_arg(arg, variant="")
+  c = config_lib.base_config(staged=True)
   c.recipe = "openwebvoyager"
   c.mesh.update(data=1, fsdp=1, tensor=1)
-  c.progress = False  # tqdm bars for rollouts
 
   # The VLM, as configs/il.py builds it.
-  c.model = common.vlm_model()
+  c.model = config_lib.vlm_model()
   c.data = ml_collections.ConfigDict()
-  c.data.path = ""
-  c.data.tokenizer = ""
+  c.data.tokenizer = ""  # "" = the embedded byte-level BPE (or the HF checkpoint's own)
   c.data.seq_len = 512  # the 16-line tree: ≤ ~420 tokens at step 4
   c.data.image_size = 32
   c.data.max_images = 3  # ≤3 screenshots per sample (§2.2)
   c.data.num_threads = 2
 
-  # The open model's observation (§2.2): history of 3 screenshots; the tree shortened for a small context. 16
-  # lines keep the category links (lines 9-16); the sort links sit at lines 49-51 of a category page, and a
-  # 52-line tree (1.1k tokens) trained too slowly here to generalise (README, OpenWebVoyager).
+  # The open model's observation (§2.2): history of 3 screenshots; the tree shortened for a small context
+  # (16 lines keep the category links; docs/results/openwebvoyager.md#tree-lines).
   c.observation = ml_collections.ConfigDict(dict(history_images=3, max_tree_lines=16, drop_urls=True))
 
   c.tasks = ml_collections.ConfigDict()
@@ -72,10 +69,11 @@ def get_config(arg=None):
 
   c.iterations = 2
   # IL on 10 of the 16 train pairs; iteration 1 explores the other 6, iteration 2 wraps to 6 IL pairs.
-  c.il = ml_collections.ConfigDict(dict(queries=10, steps=250, batch_size=8, lr=3e-3))
+  c.il = config_lib.stage(steps=250, batch_size=8, lr=3e-3)
+  c.il.queries = 10
   c.explore = ml_collections.ConfigDict(dict(queries=6, max_attempts=5, temperature=1.0))
   # Each optimisation iteration continues from the previous checkpoint for `steps` steps on the mix.
-  c.optimize = ml_collections.ConfigDict(dict(steps=120, batch_size=8, lr=1e-3))
+  c.optimize = config_lib.stage(steps=120, batch_size=8, lr=1e-3)
   # Data mixing (§2.4's knob): weight of the IL data, of each earlier iteration's data, of this iteration's.
   c.mix = ml_collections.ConfigDict(dict(il=1.0, previous=1.0, current=1.0))
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=96, max_batch=16))  # the longest expert reply is 73 tokens
@@ -91,14 +89,14 @@ def get_config(arg=None):
 
   if arg.variant == "smoke":
     c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
-    c.data.seq_len = 512
     c.observation.max_tree_lines = 12
     c.tasks.templates = "shop_price"
     c.iterations = 1
     c.env.workers = 2
-    c.il.update(queries=2, steps=3, batch_size=2)
+    c.il.train.update(steps=3, batch_size=2)
+    c.il.queries = 2
     c.explore.update(queries=2, max_attempts=2)
-    c.optimize.update(steps=2, batch_size=2)
+    c.optimize.train.update(steps=2, batch_size=2)
     c.sampling.max_tokens = 24
     c.eval.update(episodes=2, miniwob="click-button", miniwob_seeds=1)
     c.tasks.max_steps = 5  # the expert needs 4
@@ -107,7 +105,7 @@ def get_config(arg=None):
     c.checkpoint.every = 2
   elif arg.variant == "paper":
     c.mesh.update(data=1, fsdp=-1, tensor=1)
-    c.model.hf_checkpoint = "/path/to/idefics2-8b-size-vlm-hf"
+    c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an idefics2-8b-size VLM
     c.data.seq_len = 8192
     c.data.image_size = 336
     c.observation.update(max_tree_lines=0, drop_urls=False)
@@ -117,14 +115,14 @@ def get_config(arg=None):
     c.env.workers = 16
     c.teacher.kind = "openai"
     c.judge.kind = "llm"
-    c.il.update(queries=1516, steps=300, batch_size=64, lr=1e-5)
+    c.il.update(config_lib.stage(steps=300, batch_size=64, lr=1e-5))
+    c.il.queries = 1516
     c.explore.update(queries=480, max_attempts=5, temperature=1.2)
-    c.optimize.update(steps=300, batch_size=64, lr=1e-5)
-    c.mix.update(il=1.0, previous=1.0, current=1.0)
+    c.optimize.update(config_lib.stage(steps=300, batch_size=64, lr=1e-5))
     c.sampling.update(max_tokens=256, max_batch=32)
     c.eval.update(episodes=0, temperature=1.2, miniwob="", miniwob_seeds=0)  # every test task once (369)
     c.train.grad_accum_steps = 8
-    c.optim.update(end_lr_ratio=0.1, warmup_steps=9, b1=0.9, b2=0.999, weight_decay=0.0, clip_norm=1.0)
+    c.optim.warmup_steps = 9  # lr → lr/10 cosine, clip 1.0, Adam β (0.9, 0.999), no decay: the shared defaults
     c.checkpoint.update(every=100, keep=3, async_save=True)
   elif arg.variant:
     raise ValueError(f"configs/openwebvoyager.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")

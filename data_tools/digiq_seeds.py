@@ -1,7 +1,7 @@
 """Re-run the Digi-Q critic → actor → evaluation on a finished run's data with other seeds (and controls).
 
 One run of the default gives one Digi-Q actor figure, and that figure swings by 10+ points with the critic's and
-the actor's seeds (README, Digi-Q). This re-uses a workdir's data stages (tasks … representation, linked, not
+the actor's seeds (docs/results/digiq.md). This re-uses a workdir's data stages (tasks … representation, linked, not
 copied) and, for every seed, trains the critic and the Best-of-N actor again into `<out>/seed<N>/` with
 `config.seed = N`, then evaluates only the new actor on the same test episodes. `--control demos` trains the
 actor stage on the demonstrations alone instead (the same steps and learning rate, no Best-of-N state): the
@@ -31,15 +31,20 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jaxagent.data.store import TrajectoryStore  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.pipeline.finetune import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.pipeline.stages import Stages  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.proj.digiq import data  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.recipes import digiq  # noqa: E402  pylint: disable=g-import-not-at-top
+
 DATA_STAGES = ("tasks", "il", "behaviour", "candidates", "representation")
 
 
 def link_data(workdir: str, seed_dir: str) -> None:
   """`seed_dir/<stage>` → `workdir/<stage>` for the data stages, which must be finished."""
-  from jaxagent.recipes.digiq_stages import common  # pylint: disable=g-import-not-at-top
   os.makedirs(seed_dir, exist_ok=True)
   for stage in DATA_STAGES:
-    if not common.is_done(workdir, stage):
+    if not Stages(workdir, "digiq").is_done(stage):
       raise SystemExit(f"digiq_seeds: {workdir} has not finished the {stage!r} stage; run the pipeline first")
     link = os.path.join(seed_dir, stage)
     if not os.path.lexists(link):
@@ -48,33 +53,28 @@ def link_data(workdir: str, seed_dir: str) -> None:
 
 def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
   """Critic and actor (or the demonstrations-only actor) with `config.seed`, then the actor's evaluation."""
-  from jaxagent.recipes import digiq  # pylint: disable=g-import-not-at-top
-  from jaxagent.recipes.digiq_stages import common  # pylint: disable=g-import-not-at-top
   link_data(workdir, seed_dir)
-  timer = common.Timer(seed_dir)
+  stages = Stages(seed_dir, "digiq_seeds")
   summary = {}
   if control in ("demos", "filtered_bc"):
     def control_actor(out):
-      items = digiq.demo_items(config, seed_dir)
+      items = [dict(it, weight=float(config.actor.il_weight)) for it in digiq.demo_samples(seed_dir)]
       info = {"il_samples": len(items)}
       if control == "filtered_bc":
-        bc = digiq.filtered_bc_items(seed_dir, out)
+        store = TrajectoryStore(os.path.join(seed_dir, "candidates", "store"))
+        bc = data.filtered_bc_samples(store, [store.read(i) for i in range(len(store))], os.path.join(out, "images"))
         info["filtered_bc_samples"] = len(bc)
         items = bc + (items if float(config.actor.il_weight) > 0 else [])
-      common.train_vlm(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
+      finetune(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
       return info
-    summary["actor"] = common.run_stage(seed_dir, "actor", control_actor, timer)
+    summary["actor"] = stages.run("actor", control_actor)
   else:
-    summary["critic"] = common.run_stage(seed_dir, "critic", lambda out: digiq.stage_critic(config, seed_dir, out),
-                                         timer)
-    summary["actor"] = common.run_stage(seed_dir, "actor", lambda out: digiq.stage_actor(config, seed_dir, out),
-                                        timer)
+    summary["critic"] = stages.run("critic", lambda out: digiq.stage_critic(config, seed_dir, out))
+    summary["actor"] = stages.run("actor", lambda out: digiq.stage_actor(config, seed_dir, out))
   actor_dir = os.path.join(seed_dir, "actor")
   model_dir = actor_dir if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else os.path.join(seed_dir, "il")
-  summary["eval"] = common.run_stage(
-      seed_dir, "eval", lambda out: digiq.evaluate(config, seed_dir, os.path.join(out, "actor"), "digiq_actor",
-                                                   model_dir, digiq.actor_config(config),
-                                                   float(config.eval.temperature)), timer)
+  summary["eval"] = stages.run("eval", lambda out: digiq.evaluate(
+      config, seed_dir, os.path.join(out, "actor"), "digiq_actor", model_dir, float(config.eval.temperature)))
   return summary
 
 
@@ -84,7 +84,7 @@ def load_config(spec: str, overrides: Sequence[str], seed: int):
   config = load_config_file(spec)
   for item in overrides:
     if not item.startswith("--config.") or "=" not in item:
-      raise SystemExit(f"digiq_seeds: {item!r}: overrides look like --config.critic.steps=800")
+      raise SystemExit(f"digiq_seeds: {item!r}: overrides look like --config.critic.train.steps=800")
     path, value = item[len("--config."):].split("=", 1)
     *parents, leaf = path.split(".")
     node = config

@@ -22,7 +22,7 @@ import sys
 def main(argv=None) -> dict:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from jaxagent.data.store import TrajectoryStore  # pylint: disable=g-import-not-at-top
-  from jaxagent.recipes import owv_data  # pylint: disable=g-import-not-at-top
+  from jaxagent.proj.owv import data as owv_data  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="cmd", required=True)
   rel = sub.add_parser("released")

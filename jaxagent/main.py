@@ -54,17 +54,7 @@ def check_overrides(argv: list[str]) -> None:
       raise app.UsageError(f"--config.{key}: {spec} has no key {key!r}; {hint}")
 
 
-def _config_root_on_path(argv: list[str]) -> None:
-  """Config files import `configs.common`: make the directory holding `configs/` importable."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if spec:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(spec.partition(":")[0])))
-    if root not in sys.path:
-      sys.path.insert(0, root)
-
-
 def _parse_flags(argv):
-  _config_root_on_path(argv)
   try:
     check_overrides(argv)
   except app.UsageError as e:
@@ -89,6 +79,13 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   if workdir is None:
     raise app.UsageError("--workdir is required")
+  from jaxagent import recipes  # pylint: disable=g-import-not-at-top  # loads the recipe's dependencies
+  from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
+  recipe = recipes.get(config.recipe)
+  try:  # before any work: a bad value would otherwise surface stages later
+    validate(config, getattr(recipe, "CHOICES", {}), getattr(recipe, "LISTS", {}))
+  except ConfigError as e:
+    sys.exit(f"FATAL config error: {e}")
   if config.get("distributed", False):
     init_distributed()
   import jax  # pylint: disable=g-import-not-at-top
@@ -96,9 +93,8 @@ def main(argv):
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
-  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
   logging.info("recipe %s → %s", config.recipe, workdir)
-  recipes.get(config.recipe).run(config, workdir)
+  recipe.run(config, workdir)
 
 
 if __name__ == "__main__":

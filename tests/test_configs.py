@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from configs import common
+from jaxagent import config_lib as common
 from jaxagent import recipes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                      if os.path.basename(p) not in ("common.py", "__init__.py"))
+                      if os.path.basename(p) != "__init__.py")
 
 
 def _load(path):
@@ -40,7 +40,10 @@ def test_config_loads(path, variant):
   assert cfg.recipe in recipes.RECIPES, f"{path}: recipe {cfg.recipe!r} is not registered"
   for block in ("mesh", "train", "optim", "checkpoint", "profile"):
     assert block in cfg, f"{path}:{variant} lacks the shared block {block!r} (use common.base_config())"
-  assert cfg.train.steps > 0 and cfg.train.batch_size % cfg.train.grad_accum_steps == 0
+  stages = [v for v in cfg.values() if hasattr(v, "get") and "train" in v and "optim" in v]
+  for train in [cfg.train] if "steps" in cfg.train else [s.train for s in stages]:
+    assert train.steps > 0 and train.batch_size % cfg.train.grad_accum_steps == 0
+  assert ("steps" in cfg.train) != bool(stages), f"{path}: either shared steps or per-stage blocks, not both"
   cfg.to_json_best_effort()  # main writes it to the workdir
 
 

@@ -87,6 +87,22 @@ def render(conversations: list[dict], bos: str = "<s>") -> tuple[str, list[tuple
   return "".join(parts), spans
 
 
+def from_messages(messages: list[dict]) -> list[dict] | None:
+  """Training turns for HF chat messages of users and assistants (None if another role is present). A list
+  content becomes one value with its parts joined by newlines, an image part as `<image>`, the way training
+  samples write them (`<image>\\n<prompt>`)."""
+  turns = []
+  for m in messages:
+    role = {"user": "human", "assistant": "gpt"}.get(m.get("role"))
+    if role is None:
+      return None
+    content = m.get("content")
+    if not isinstance(content, str):
+      content = "\n".join(IMAGE_TOKEN if p.get("type") == "image" else str(p.get("text", "")) for p in content)
+    turns.append({"from": role, "value": content})
+  return turns
+
+
 def to_messages(conversations: list[dict]) -> list[dict]:
   """HF chat messages (`apply_chat_template` input) for the same turns."""
   return [{"role": ROLES[t["from"]], "content": t["value"]} for t in conversations]

@@ -32,7 +32,7 @@ class EncodeSample:
   """Grain map: one validated conversation → fixed-shape arrays (+ images when `preprocess` is set).
 
   Images: `images` [max_images, S, S, 3] (the sample's images first, zero padding after) and `image_mask`
-  [max_images]; a VLM loss compacts them into the flat order the model merges (`recipes.il.flat_images`).
+  [max_images]; a VLM loss compacts them into the flat order the model merges (`train.losses.flat_images`).
   """
   tokenizer: object
   seq_len: int
@@ -51,6 +51,7 @@ class EncodeSample:
       images[:n_images] = load_images(item["images"][:n_images], self.preprocess)
       out["images"] = images
       out["image_mask"] = np.arange(self.max_images) < n_images
+    out["weight"] = np.float32(item.get("weight", 1.0))  # a per-sample loss weight (1: plain SFT)
     return out
 
 
@@ -76,3 +77,17 @@ def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed
 
 def read_options(num_threads: int = 2, prefetch: int = 16) -> grain.ReadOptions:
   return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
+
+
+def rows_dataset(arrays: dict[str, np.ndarray], *, batch_size: int, seed: int = 0) -> grain.MapDataset:
+  """Endless MapDataset of this process's batches of rows of `arrays` (equal leading dimensions), shuffled
+  every epoch: the data of a model trained on precomputed features (Digi-Q's critic)."""
+  n_proc, proc = jax.process_count(), jax.process_index()
+  sizes = {k: len(v) for k, v in arrays.items()}
+  if len(set(sizes.values())) != 1 or not next(iter(sizes.values()), 0):
+    raise ValueError(f"rows_dataset: arrays need one non-zero leading dimension, got {sizes}")
+  if batch_size % n_proc:
+    raise ValueError(f"train.batch_size={batch_size} must divide by the {n_proc} JAX processes")
+  ds = grain.MapDataset.source(range(next(iter(sizes.values())))).shuffle(seed=seed).repeat(None)
+  ds = ds.map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size // n_proc, drop_remainder=True)
+  return ds[proc::n_proc] if n_proc > 1 else ds

@@ -3,11 +3,12 @@
 `load_policy(path)` accepts
   * a training workdir (`<workdir>/config.json` as `jaxagent.main` writes it, `<workdir>/tokenizer`,
     `<workdir>/checkpoints/<step>`), or one step directory inside it; the model is rebuilt with the recipe's
-    own `build_model` and the latest (or given) step restored, optimizer state read and dropped;
+    model (`models.build(config)`) and the latest (or given) step restored, optimizer state read and dropped;
   * an exported policy (`export_policy`): a Hugging Face directory (`config.json` + safetensors, written by
     `models/hf`) with the tokenizer files and `jaxagent_policy.json` (model kind, image preprocessing);
   * any local Hugging Face Llama/Mistral/Qwen2 or LLaVA directory with its tokenizer.
-A workdir trained by calling `train_il` directly has no `config.json`: pass `config=` then.
+Every `pipeline.finetune` workdir (each training stage of a recipe) has its `config.json`; for another one,
+pass `config=`.
 
 Everything is loaded onto one device (`jax.devices()[0]`): serving a tiny or mid-size policy does not need
 the training mesh, and the sampler's jit then compiles once per shape.
@@ -23,7 +24,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxagent import sharding
+from jaxagent import models, sharding
 from jaxagent.data.tokenizer import END_OF_UTTERANCE, IMAGE_TOKEN, load_tokenizer
 from jaxagent.models import vit
 
@@ -83,27 +84,6 @@ def _step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
-def model_builder(config, tokenizer):
-  """(model_fn, image tokens per image, image preprocessing) from the recipe's own `build_model`.
-
-  Accepts both shapes `build_model` has returned: `(model_fn, flops, n_image_tokens, preprocess)` and
-  `((model_fn, flops, n_image_tokens, preprocess), pretrained_loader)`; the loader is not needed here, the
-  checkpoint's weights replace the init.
-  """
-  from jaxagent import recipes  # pylint: disable=g-import-not-at-top
-
-  recipe = recipes.get(config.recipe) if config.get("recipe") else None
-  build_model = getattr(recipe, "build_model", None)
-  if build_model is None:
-    raise ValueError(f"recipe {config.get('recipe')!r} has no build_model(config, tokenizer); its checkpoints "
-                     "cannot be rebuilt for serving")
-  built = build_model(config, tokenizer)
-  if len(built) == 2 and isinstance(built[0], tuple):
-    built = built[0]
-  model_fn, _, num_image_tokens, preprocess = built
-  return model_fn, num_image_tokens, preprocess
-
-
 def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   import ml_collections  # pylint: disable=g-import-not-at-top
 
@@ -119,9 +99,9 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
     config = ml_collections.ConfigDict(_read_json(cfg_path))
   tok_dir = os.path.join(workdir, "tokenizer")
   tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
-  model_fn, num_image_tokens, preprocess = model_builder(config, tokenizer)
+  built = models.build(config, tokenizer)
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
-  state = abstract_train_state(model_fn, tx, _one_device_mesh())
+  state = abstract_train_state(built.init, tx, _one_device_mesh())
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
   try:
     restored = ckpt.restore(state.abstract_state(), jax.random.key(0), step)
@@ -134,8 +114,8 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   kind = str(config.model.kind)
   step_name = step if step is not None else "latest"
   return LoadedPolicy(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
-                      preprocess=preprocess if kind == "vlm" else None,
-                      num_image_tokens=num_image_tokens if kind == "vlm" else 0, source=workdir)
+                      preprocess=built.preprocess if kind == "vlm" else None,
+                      num_image_tokens=built.num_image_tokens if kind == "vlm" else 0, source=workdir)
 
 
 def _load_hf(path: str) -> LoadedPolicy:
@@ -198,7 +178,7 @@ def random_policy(kind: str = "vlm", *, seed: int = 0, image_size: int = 32, tok
                   **decoder_overrides) -> LoadedPolicy:
   """A randomly initialised tiny policy over the default tokenizer (tests, benchmarks, a server smoke run).
 
-  The shapes follow the IL recipe's defaults (`recipes.il.build_model`), so a random policy exercises the
+  The shapes follow the tiny configs' defaults (`models.build`), so a random policy exercises the
   same code paths as a trained one.
   """
   import dataclasses as dc  # pylint: disable=g-import-not-at-top

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.data import conversation
+from jaxagent.data.tokenizer import CHAT_TEMPLATE, IMAGE_TOKEN
 from jaxagent.models import sampler
 from jaxagent.serving.checkpoint import LoadedPolicy
 
@@ -101,9 +102,13 @@ class Engine:
 
   # ---- rendering
   def render(self, prompt: str | list[dict[str, Any]]) -> str:
-    """The text the model continues: chat messages through the chat template, a string as is."""
+    """The text the model continues: a string as is; chat messages through the training renderer when the
+    tokenizer's template is ours (so serving sees the bytes training did), else the checkpoint's template."""
     if isinstance(prompt, str):
       return prompt
+    turns = conversation.from_messages(list(prompt)) if self.policy.tokenizer.chat_template == CHAT_TEMPLATE else None
+    if turns is not None:
+      return conversation.render(turns, self.policy.tokenizer.bos_token or "")[0] + "Assistant:"
     try:
       return self.policy.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
     except Exception as e:  # pylint: disable=broad-except  # a template error is the caller's malformed input

@@ -27,7 +27,7 @@ from jaxagent.train.metrics import MetricWriter
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.profiler import ProfileWindow
 from jaxagent.train.state import TrainState, abstract_train_state, create_train_state, create_train_state_from_model
-from jaxagent.train.step import LossFn, build_train_step, put_batch
+from jaxagent.train.step import AfterUpdate, LossFn, build_train_step, put_batch
 
 
 def _rules(config):
@@ -49,13 +49,16 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
           dataset: grain.MapDataset, flops_per_token: float | None = None,
           on_start: Callable[[MetricWriter, TrainState], None] | None = None,
           read_options: grain.ReadOptions | None = None,
-          pretrained: Callable[[], nnx.Module] | None = None) -> str:
+          pretrained: Callable[[], nnx.Module] | None = None, wrt=nnx.Param,
+          after_update: AfterUpdate | None = None) -> str:
   """Trains for `config.train.steps` optimizer steps (resuming from `workdir`'s latest checkpoint).
 
   `model_fn()` builds the model from its seed (deterministic; run inside `jax.jit` with sharded outputs).
   `pretrained()`, if given, returns the starting model of a fresh run (e.g. loaded from a Hugging Face
   checkpoint); a resumed run skips it, as the checkpoint holds the weights.
   `flops_per_token`: analytic training FLOPs per input token (`mfu.transformer_flops_per_token`), for MFU.
+  `wrt`: the variables the optimizer trains (an NNX filter); `after_update(model, step)` runs inside the step
+  after each update (a target network's Polyak average, say); both are checkpointed with the rest.
   Returns the path of the final checkpoint.
   """
   tcfg = config.train
@@ -66,11 +69,11 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   ckpt_dir = os.path.join(workdir, "checkpoints")
   resuming = os.path.isdir(ckpt_dir) and any(p.isdigit() for p in os.listdir(ckpt_dir))
   if resuming:  # the checkpoint replaces every array: restore into the bare structure
-    ts = abstract_train_state(model_fn, tx, mesh, rules)
+    ts = abstract_train_state(model_fn, tx, mesh, rules, wrt)
   elif pretrained is not None:
-    ts = create_train_state_from_model(pretrained(), tx, mesh, rules)
+    ts = create_train_state_from_model(pretrained(), tx, mesh, rules, wrt)
   else:
-    ts = create_train_state(model_fn, tx, mesh, rules)
+    ts = create_train_state(model_fn, tx, mesh, rules, wrt)
   rng = jax.random.key(int(config.seed))
 
   ckpt = Checkpointer(ckpt_dir, every=config.checkpoint.every,
@@ -86,7 +89,7 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   start = ts.step
 
   step_fn, b_shard = build_train_step(ts, loss_fn, schedule, mesh, dataset[0], int(tcfg.grad_accum_steps),
-                                      rules)
+                                      rules, wrt, after_update)
   writer = MetricWriter(workdir)
   if on_start is not None and start == 0:
     on_start(writer, ts)

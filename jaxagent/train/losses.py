@@ -19,3 +19,37 @@ def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, mask: jnp.nd
   mask = mask.astype(jnp.float32)
   count = mask.sum()
   return (logp_loss * mask).sum() / jnp.maximum(count, 1.0), count
+
+
+def flat_images(images: jnp.ndarray, image_mask: jnp.ndarray) -> jnp.ndarray:
+  """[B, M, S, S, 3] per-sample slots → [B*M, S, S, 3] with the real images first, in order of appearance.
+
+  The VLM writes the n-th image over the n-th image-token block of the batch (row-major) and ignores trailing
+  images (`models.vlm`); compacting inside the step keeps per-sample slots in the data, so micro-batches and
+  batch sharding split images with their samples.
+  """
+  b, m = image_mask.shape
+  order = jnp.argsort(~image_mask.reshape(b * m), stable=True)
+  return images.reshape(b * m, *images.shape[2:])[order]
+
+
+def weighted_token_nll(model, batch: dict, rng=None):
+  """−Σ_b w_b Σ_t m_bt log p_bt / Σ_bt m_bt over assistant tokens, and token accuracy; `rng` unused.
+
+  `rl.losses.bc_nll(normalize="token")` on the model's logits: OpenWebVoyager's SFT loss (§2.5) when every
+  sample's `weight` is 1 (or absent), Digi-Q's / DigiRL's weighted actor regression (§5.5, §4.7) otherwise.
+  """
+  del rng
+  if "images" in batch:
+    logits = model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),
+                   attention_mask=batch["attention_mask"])
+  else:
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+  tok = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["targets"])
+  mask = batch["loss_mask"].astype(jnp.float32)
+  if "weight" in batch:
+    mask = mask * batch["weight"].astype(jnp.float32)[:, None]
+  count = batch["loss_mask"].astype(jnp.float32).sum()
+  loss = (tok * mask).sum() / jnp.maximum(count, 1.0)
+  hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
+  return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}

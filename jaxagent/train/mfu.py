@@ -16,18 +16,15 @@ import time
 import jax
 import jax.numpy as jnp
 
+# The FLOP counts live with the models; re-exported for callers of `mfu.*_flops_*`.
+from jaxagent.models.flops import (  # noqa: F401
+    decoder_flops_per_token, transformer_flops_per_token, vit_flops_per_image)
+
 # Dense bf16 peaks per device (jax_stack.md §3.1).
 KNOWN_PEAKS = {
     "H100": 989e12, "H200": 989e12, "A100": 312e12,
     "TPU v5p": 459e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
 }
-
-
-def transformer_flops_per_token(matmul_params: int, num_layers: int, attn_dim: int, seq_len: int,
-                                training: bool = True) -> float:
-  """FLOPs per token of one forward (+ backward if `training`) pass of a causal decoder."""
-  mult = 3 if training else 1
-  return mult * (2.0 * matmul_params + 2.0 * num_layers * seq_len * attn_dim)
 
 
 def device_peak_flops(device: jax.Device | None = None) -> float | None:
@@ -71,21 +68,3 @@ def peak_flops(configured: float = 0.0) -> tuple[float, str]:
 
 def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
   return flops_per_step / max(step_time_s, 1e-12) / peak
-
-
-def decoder_flops_per_token(cfg, seq_len: int, training: bool = True) -> float:
-  """`transformer_flops_per_token` for a `models.llama.DecoderConfig`."""
-  norms = cfg.hidden_size * (2 * cfg.num_layers + 1)
-  lookup = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size  # the input table is not a matmul
-  return transformer_flops_per_token(cfg.num_params - norms - lookup, cfg.num_layers,
-                                     cfg.num_heads * cfg.head_dim, seq_len, training)
-
-
-def vit_flops_per_image(cfg, training: bool = True) -> float:
-  """Forward (+ backward) FLOPs of a `models.vit.ViTConfig` tower on one image (full, non-causal attention)."""
-  tokens = cfg.grid**2 + (1 if cfg.class_token else 0)
-  w = cfg.width
-  per_block = 4 * w * w + 2 * w * cfg.mlp_dim
-  matmul = cfg.depth * per_block + 3 * cfg.patch_size**2 * w
-  attention = cfg.depth * 2 * tokens * w  # per token: QKᵀ and AV over all `tokens` keys
-  return (3 if training else 1) * tokens * (2.0 * matmul + 2.0 * attention)

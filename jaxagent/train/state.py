@@ -40,31 +40,32 @@ class TrainState:
     return jax.tree.map(one, self.shardings, self.state)
 
 
-def _model_and_optimizer(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation):
+def _model_and_optimizer(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, wrt=nnx.Param):
   model = model_fn()
-  return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+  return model, nnx.Optimizer(model, tx, wrt=wrt)
 
 
 def abstract_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, mesh: Mesh,
-                         rules=None) -> TrainState:
+                         rules=None, wrt=nnx.Param) -> TrainState:
   """The train state's structure, shapes and shardings with no arrays (`state` holds ShapeDtypeStructs): the
   target of a checkpoint restore, which would overwrite initialised weights anyway. Nothing is compiled (the
   tiny VLM's jitted init alone takes ~5 s to compile on a CPU)."""
-  graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: _model_and_optimizer(model_fn, tx)))
+  graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: _model_and_optimizer(model_fn, tx, wrt)))
   return TrainState(graphdef, abstract_state, sharding.state_shardings(abstract_state, mesh, rules))
 
 
 def create_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, mesh: Mesh,
-                       rules=None) -> TrainState:
+                       rules=None, wrt=nnx.Param) -> TrainState:
   """Builds (model, optimizer) inside `jax.jit` with sharded outputs: no unsharded copy on any host.
 
   `model_fn()` must be deterministic (it seeds its own `nnx.Rngs`), so every process builds the same model.
+  `wrt`: the variables the optimizer trains (an NNX filter; default every `nnx.Param`).
   """
-  abstract = abstract_train_state(model_fn, tx, mesh, rules)
+  abstract = abstract_train_state(model_fn, tx, mesh, rules, wrt)
   graphdef, shardings = abstract.graphdef, abstract.shardings
 
   def init():
-    return nnx.split(_model_and_optimizer(model_fn, tx))[1]
+    return nnx.split(_model_and_optimizer(model_fn, tx, wrt))[1]
 
   with jax.set_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)()
@@ -72,7 +73,7 @@ def create_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTra
 
 
 def create_train_state_from_model(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                                  rules=None) -> TrainState:
+                                  rules=None, wrt=nnx.Param) -> TrainState:
   """A train state around an existing model (e.g. loaded from a Hugging Face checkpoint, already sharded).
 
   The optimizer state is initialised inside `jax.jit` with sharded outputs, and the model's arrays are
@@ -81,13 +82,13 @@ def create_train_state_from_model(model: nnx.Module, tx: optax.GradientTransform
   model_def, model_state = nnx.split(model)
 
   def build():
-    return _model_and_optimizer(lambda: nnx.merge(model_def, model_state), tx)
+    return _model_and_optimizer(lambda: nnx.merge(model_def, model_state), tx, wrt)
 
   graphdef, abstract_state = nnx.split(nnx.eval_shape(build))
   shardings = sharding.state_shardings(abstract_state, mesh, rules)
 
   def init(params):
-    return nnx.split(_model_and_optimizer(lambda: nnx.merge(model_def, params), tx))[1]
+    return nnx.split(_model_and_optimizer(lambda: nnx.merge(model_def, params), tx, wrt))[1]
 
   with jax.set_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)(model_state)

@@ -1,7 +1,8 @@
 """The jitted train step, generic over the loss: `loss_fn(model, batch, rng) -> (loss, aux_metrics)`.
 
-Every recipe (IL, Digi-Q critic and actor, OpenWebVoyager iterations, ...) builds its step here; only the loss
-differs. Gradients accumulate over `grad_accum_steps` micro-batches with a `lax.scan` inside one jit, so one call
+Every training in every recipe (supervised fine-tuning through `pipeline.finetune`, Digi-Q's critic, ...) builds
+its step here; only the loss, the trainable variables (`wrt`) and an optional in-step update of the others
+(`after_update`, e.g. a Polyak-averaged target network) differ. Gradients accumulate over `grad_accum_steps` micro-batches with a `lax.scan` inside one jit, so one call
 is one optimizer update whatever the accumulation.
 """
 
@@ -19,6 +20,8 @@ from jaxagent import sharding
 from jaxagent.train.state import TrainState
 
 LossFn = Callable[[nnx.Module, dict, jax.Array], tuple[jax.Array, dict]]
+# (model, optimizer step after the update) -> None: updates non-trained variables in place, inside the jit
+AfterUpdate = Callable[[nnx.Module, jax.Array], None]
 
 
 def _global_shape(x) -> tuple[int, ...]:
@@ -56,12 +59,13 @@ def _split_micro(x, n: int):
   return x.reshape(n, x.shape[0] // n, *x.shape[1:])
 
 
-def make_step_fn(graphdef, loss_fn: LossFn, schedule: optax.Schedule, grad_accum_steps: int = 1):
+def make_step_fn(graphdef, loss_fn: LossFn, schedule: optax.Schedule, grad_accum_steps: int = 1, wrt=nnx.Param,
+                 after_update: AfterUpdate | None = None):
   """The un-jitted step `(state, batch, rng) -> (state, metrics)`; see `build_train_step`."""
 
   def step(state, batch, rng):
     model, optimizer = nnx.merge(graphdef, state)
-    model_def, params, rest = nnx.split(model, nnx.Param, ...)
+    model_def, params, rest = nnx.split(model, wrt, ...)
 
     def loss_of(params, micro, rng):
       loss, aux = loss_fn(nnx.merge(model_def, params, rest), micro, rng)
@@ -85,6 +89,8 @@ def make_step_fn(graphdef, loss_fn: LossFn, schedule: optax.Schedule, grad_accum
 
     lr = schedule(optimizer.step.get_value())
     optimizer.update(model, grads)
+    if after_update is not None:
+      after_update(model, optimizer.step.get_value())
     metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr, **aux}
     return nnx.state((model, optimizer)), metrics
 
@@ -92,14 +98,15 @@ def make_step_fn(graphdef, loss_fn: LossFn, schedule: optax.Schedule, grad_accum
 
 
 def build_train_step(ts: TrainState, loss_fn: LossFn, schedule: optax.Schedule, mesh: Mesh,
-                     example_batch: dict, grad_accum_steps: int = 1, rules=None):
+                     example_batch: dict, grad_accum_steps: int = 1, rules=None, wrt=nnx.Param,
+                     after_update: AfterUpdate | None = None):
   """`jax.jit` of the step with explicit in/out shardings and the state's buffers donated.
 
   Returns (step_fn, batch_shardings); call `step_fn(state, put_batch(host_batch, batch_shardings), rng)`.
   """
   b_shard = batch_shardings(example_batch, mesh, rules)
   replicated = NamedSharding(mesh, P())
-  fn = jax.jit(make_step_fn(ts.graphdef, loss_fn, schedule, grad_accum_steps),
+  fn = jax.jit(make_step_fn(ts.graphdef, loss_fn, schedule, grad_accum_steps, wrt, after_update),
                in_shardings=(ts.shardings, b_shard, replicated),
                out_shardings=(ts.shardings, replicated),
                donate_argnums=(0,))

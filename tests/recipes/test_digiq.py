@@ -18,8 +18,11 @@ import pytest
 from configs import digiq as digiq_config
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline.config import ConfigError, validate
+from jaxagent.pipeline.stages import DONE
+from jaxagent.proj.digiq import critic as critic_lib
+from jaxagent.proj.digiq import data as data_lib
 from jaxagent.recipes import digiq
-from jaxagent.recipes.digiq_stages import common, data as data_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +53,7 @@ def pipeline(tmp_path_factory):
   return config, workdir, results, killed_with
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_redoing_episodes(pipeline):
   config, workdir, _, killed_with = pipeline
   assert killed_with >= 1, "the first run was killed before any demonstration was stored"
@@ -57,9 +61,10 @@ def test_killed_run_resumes_without_redoing_episodes(pipeline):
   ids = [store.read_json(i)["task"]["id"] for i in range(len(store))]
   assert len(ids) == config.demos.episodes == len(set(ids))  # nothing lost, nothing run twice
   for stage in digiq.STAGES:
-    assert os.path.exists(os.path.join(workdir, stage, common.DONE)), stage
+    assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
 
 
+@pytest.mark.slow
 def test_results_cover_the_three_policies(pipeline):
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
@@ -76,6 +81,7 @@ def test_results_cover_the_three_policies(pipeline):
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "eval")))
 
 
+@pytest.mark.slow
 def test_candidates_representations_and_scores_line_up(pipeline):
   config, workdir, _, _ = pipeline
   store = TrajectoryStore(os.path.join(workdir, "candidates", "store"))
@@ -94,42 +100,35 @@ def test_candidates_representations_and_scores_line_up(pipeline):
   assert "data:image/png;base64," in page and "(dataset)" in page and "Q1" in page
 
 
-def test_finished_stage_is_skipped(tmp_path):
-  calls = []
-  timer = common.Timer(str(tmp_path))
-  first = common.run_stage(str(tmp_path), "s", lambda out: calls.append(out) or {"n": 1}, timer)
-  second = common.run_stage(str(tmp_path), "s", lambda out: calls.append(out) or {"n": 2}, timer)
-  assert first == second == {"n": 1} and len(calls) == 1
-
-
-def test_episodes_are_seeded_and_unique():
-  from jaxagent.types import Task
-  tasks = [Task(id=f"t{i}", intent="x", site="forum", start_url="u") for i in range(3)]
-  a = data_lib.episodes(tasks, 7, seed=1, tag="e")
-  assert [t.id for t in a] == [t.id for t in data_lib.episodes(tasks, 7, seed=1, tag="e")]
-  assert len({t.id for t in a}) == 7 and {t.id.split("@")[0] for t in a} == {"t0", "t1", "t2"}
-
-
-def test_behaviour_tasks_come_from_the_named_splits(tmp_path):
+def test_behaviour_splits_are_checked_before_any_work():
   config = digiq_config.get_config("smoke")
-  workdir = str(tmp_path)
-  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
-  splits = {name: data_lib.read_tasks(os.path.join(workdir, "tasks", f"{name}.jsonl")) for name in ("train", "test")}
-  assert [t.id for t in digiq.behaviour_tasks(config, workdir)] == [t.id for t in splits["test"]]
-  config.behaviour.splits = "train,test"
-  assert {t.id for t in digiq.behaviour_tasks(config, workdir)} == {t.id for t in splits["train"] + splits["test"]}
-  config.behaviour.splits = "train"
-  assert [t.id for t in digiq.behaviour_tasks(config, workdir)] == [t.id for t in splits["train"]]
+  for splits in ("test", "train,test", "train"):
+    config.behaviour.splits = splits
+    validate(config, digiq.CHOICES, digiq.LISTS)
   config.behaviour.splits = "train,valid"
-  with pytest.raises(ValueError, match="behaviour.splits"):
-    digiq.behaviour_tasks(config, workdir)
+  with pytest.raises(ConfigError, match="behaviour.splits"):
+    validate(config, digiq.CHOICES, digiq.LISTS)
+
+
+def test_behaviour_episodes_come_from_the_named_splits(tmp_path):
+  config = digiq_config.get_config("smoke")
+  config.behaviour.episodes = 24
+  workdir = str(tmp_path)
+  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
+  splits = {name: {t.id for t in digiq._suite(workdir, name)} for name in ("train", "test")}
+  base = lambda: {t.id.split("@")[0] for t in digiq.behaviour_episodes(config, workdir)}
+  assert base() == splits["test"]
+  config.behaviour.splits = "train"
+  assert base() == splits["train"]
+  config.behaviour.splits = "train,test"
+  assert base() <= splits["train"] | splits["test"] and base() & splits["train"] and base() & splits["test"]
 
 
 def test_behaviour_episodes_on_the_test_split_are_the_evaluations(tmp_path):
   config = digiq_config.get_config("smoke")
   config.eval.episodes, config.behaviour.episodes = 5, 7
   workdir = str(tmp_path)
-  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
+  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
   evaluation = [t.id for t in digiq.test_episodes(config, workdir)]
   assert [t.id for t in digiq.behaviour_episodes(config, workdir)][:5] == evaluation  # the same draw, and more
   config.behaviour.splits = "train,test"
@@ -141,7 +140,7 @@ def test_eval_reuses_behaviour_rollouts_only_when_they_cover_every_episode(tmp_p
   config = digiq_config.get_config("smoke")
   config.eval.episodes = 3
   workdir = str(tmp_path)
-  digiq.stage_tasks(config, workdir, common.stage_dir(workdir, "tasks"))
+  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
   episodes = digiq.test_episodes(config, workdir)
   store = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
   for task, success in zip(reversed(episodes[1:]), (1.0, 0.0)):  # stored out of order, one missing
@@ -159,11 +158,11 @@ def test_best_of_n_picks_the_best_valid_candidate_and_refuses_infinite_awr_weigh
   config.actor.update(head_reduce="min", threshold=0.1)
   q = np.array([[[0.2, 0.3], [0.9, 0.8], [1.0, 1.0]]])  # [states, N, heads]; candidate 2 is invalid
   scores = {"q": q, "v": np.array([[0.3, 0.4]]), "valid": np.array([[True, True, False]])}
-  idx, adv, weight = digiq.best_of_n(config, scores)
+  idx, adv, weight = critic_lib.best_of_n(config.actor, scores)
   assert idx.tolist() == [1] and adv.tolist() == pytest.approx([0.8 - 0.3]) and weight.tolist() == [1.0]
   config.actor.update(loss="awr", awr_beta=0.005)  # exp(0.5 / 0.005) = e^100 > float32's max
   with pytest.raises(ValueError, match="actor.awr_beta"):
-    digiq.best_of_n(config, scores)
+    critic_lib.best_of_n(config.actor, scores)
 
 
 class _ScriptedSampler:
@@ -191,7 +190,7 @@ _TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT
 
 
 def test_encoder_separates_actions_and_ignores_batch_padding():
-  from jaxagent.recipes.digiq_stages import represent
+  from jaxagent.proj.digiq import represent
   from jaxagent.serving.checkpoint import random_policy
   enc = represent.Encoder(random_policy("vlm", seed=0, image_size=32), batch=4)
   screen = np.full((915, 412, 3), 240, np.uint8)
@@ -207,6 +206,7 @@ def test_encoder_separates_actions_and_ignores_batch_padding():
   assert feats.shape == (2, enc.dim) and not np.allclose(feats[0], feats[1])
 
 
+@pytest.mark.slow
 def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_path):
   """`data_tools/digiq_seeds.py` on the smoke run: a second seed, the demonstrations-only and the Filtered BC
   controls each evaluate a new actor on the same test episodes, linking (not copying) the data stages."""

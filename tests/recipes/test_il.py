@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from configs import il as il_config
-from jaxagent import sharding
+from jaxagent import models, sharding
 from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.pipeline import finetune
 from jaxagent.recipes import il
 from jaxagent.train.checkpoint import Checkpointer
+from jaxagent.train.losses import weighted_token_nll
 from jaxagent.train.metrics import read_jsonl
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.state import create_train_state
@@ -22,7 +24,7 @@ def run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("il"))
   config = il_config.get_config("smoke")
   config.train.steps = 8
-  return config, workdir, il.train_il(config, workdir)
+  return config, workdir, il.run(config, workdir)
 
 
 def test_loss_is_finite_and_falls(run):
@@ -40,7 +42,7 @@ def test_checkpoint_restores_trained_weights(run):
   config, workdir, path = run
   assert path.endswith(f"checkpoints/{config.train.steps}")
   tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer"))
-  (model_fn, _, _, _), _ = il.build_model(config, tokenizer)
+  model_fn = models.build(config, tokenizer).init
   tx, _ = make_optimizer(config.optim, config.train.steps)
   mesh = sharding.make_mesh(dict(config.mesh))
   fresh = create_train_state(model_fn, tx, mesh)
@@ -62,7 +64,7 @@ def test_first_sample_preview_brackets_assistant_text(run):
   arrays["attention_mask"] = np.ones(n, np.int32)
   arrays["loss_mask"] = np.zeros(n, np.int32)
   arrays["loss_mask"][-2:] = 1
-  assert il._sample_preview(tokenizer, arrays).endswith("Assistant:⟦ b<end_of_utterance>⟧")
+  assert finetune._preview(tokenizer, arrays).endswith("Assistant:⟦ b<end_of_utterance>⟧")
 
 
 def test_starts_from_a_hugging_face_checkpoint(tmp_path):
@@ -84,11 +86,11 @@ def test_starts_from_a_hugging_face_checkpoint(tmp_path):
   config.model.hf_checkpoint = hf_dir
   config.train.steps = 2
   workdir = str(tmp_path / "run")
-  il.train_il(config, workdir)
+  il.run(config, workdir)
 
   items = il.load_items(config, workdir)
   encode = pipeline.EncodeSample(load_tokenizer(hf_dir), config.data.seq_len)
   first = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))[0]
-  expected, _ = il.il_loss(saved, first, None)
+  expected, _ = weighted_token_nll(saved, first, None)
   first_logged = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[0]
   np.testing.assert_allclose(first_logged["loss"], float(expected), rtol=1e-5)

@@ -13,7 +13,9 @@ import time
 import pytest
 
 from jaxagent import types
-from jaxagent.recipes import owv_data, owv_explore
+from jaxagent.pipeline.tasks import disjoint_sets
+from jaxagent.proj.owv import data as owv_data
+from jaxagent.proj.owv import explore as owv_explore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,11 +64,15 @@ def test_explore_stops_when_all_solved_and_rejects_bad_attempts():
     owv_explore.explore([_task(0), _task(1)], 2, lambda k, p: [types.Trajectory(p[0], success=0.0)])
 
 
-class _NoPool:
-  """Stands in for an EnvPool that must not be used: any access fails the test."""
+class _NoRollouts:
+  """Stands in for `pipeline.rollout.Rollouts` over a pool that must not be started: only stored episodes."""
 
-  def __len__(self):
-    raise RuntimeError("the pool was used")
+  def run(self, policy, tasks, store, **kwargs):
+    from jaxagent.pipeline.rollout import stored_by_id
+    have = stored_by_id(store)
+    if any(t.id not in have for t in tasks):
+      raise RuntimeError("the pool was used")
+    return [have[t.id] for t in tasks]
 
 
 def test_exploration_resumes_from_the_store_without_rerunning_episodes(tmp_path):
@@ -78,12 +84,13 @@ def test_exploration_resumes_from_the_store_without_rerunning_episodes(tmp_path)
     t = _task(int(tid[1:]))
     store.append(types.Trajectory(types.Task(id=owv_explore.attempt_id(t.id, k), intent=t.intent, site=t.site,
                                              start_url=t.start_url), success=ok, status="completed"))
-  result = owv_explore.explore_in_pool(_NoPool(), None, None, [_task(0), _task(1), _task(2)], TrajectoryStore(store.path),
-                                       judge=None, max_attempts=2)
+  result = owv_explore.explore_rollouts(_NoRollouts(), None, [_task(0), _task(1), _task(2)],
+                                        TrajectoryStore(store.path), judge=None, max_attempts=2, name="p")
   assert set(result.solved) == {"q0", "q1"} and result.attempts == {"q0": 1, "q1": 2, "q2": 2}
   assert result.solved["q1"].task.id == "q1#run1" and result.episodes == 5
   with pytest.raises(RuntimeError, match="pool was used"):  # a third attempt is not stored: it needs the pool
-    owv_explore.explore_in_pool(_NoPool(), None, None, [_task(2)], TrajectoryStore(store.path), judge=None, max_attempts=3)
+    owv_explore.explore_rollouts(_NoRollouts(), None, [_task(2)], TrajectoryStore(store.path), judge=None,
+                                 max_attempts=3, name="p")
 
 
 class _ScreenshotCountingJudge:
@@ -159,7 +166,7 @@ def test_mix_weights_name_every_earlier_iteration():
 
 def test_query_sets_are_disjoint_and_tagged():
   tasks = [_task(i) for i in range(20)]
-  sets = owv_data.query_sets(tasks, {"il": 8, "iter1": 6, "iter2": 6}, seed=0)
+  sets = disjoint_sets(tasks, {"il": 8, "iter1": 6, "iter2": 6}, seed=0)
   base = {n: {t.id.split("@")[0] for t in ts} for n, ts in sets.items()}
   assert [len(b) for b in base.values()] == [8, 6, 6]
   assert not (base["il"] & base["iter1"]) and not (base["iter1"] & base["iter2"]) and not (base["il"] & base["iter2"])
@@ -170,7 +177,7 @@ def test_query_sets_wrap_around_with_distinct_ids():
   """A set larger than the split (the 8-task test split evaluated 20 times) repeats queries under new ids, so
   the store keeps every episode; each query appears 2 or 3 times."""
   tasks = [_task(i) for i in range(8)]
-  test = owv_data.query_sets(tasks, {"test": 20}, seed=1)["test"]
+  test = disjoint_sets(tasks, {"test": 20}, seed=1)["test"]
   ids = [t.id for t in test]
   assert len(set(ids)) == 20 and sum(i.endswith("@test") for i in ids) == 8
   assert sum(i.endswith("@test.r1") for i in ids) == 8 and sum(i.endswith("@test.r2") for i in ids) == 4
@@ -206,6 +213,7 @@ def _run(workdir, *extra, wait=True):
   return proc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(3000)
 def test_smoke_run_killed_inside_a_stage_resumes_there(tmp_path):
   workdir = str(tmp_path / "owv")

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from configs import il as il_config
-from jaxagent import sharding
+from jaxagent import models, sharding
 from jaxagent.data.tokenizer import load_tokenizer
 from jaxagent.serving import checkpoint
 from jaxagent.serving.engine import Engine, GenerationRequest
@@ -33,7 +33,7 @@ def workdir(tmp_path_factory):
   tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
   with open(os.path.join(path, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  model_fn = lambda: _perturbed(checkpoint.model_builder(config, tokenizer)[0]())
+  model_fn = lambda: _perturbed(models.build(config, tokenizer).init())
   tx, _ = make_optimizer(config.optim, config.train.steps)
   ts = create_train_state(model_fn, tx, sharding.make_mesh(dict(config.mesh)))
   ckpt = Checkpointer(os.path.join(path, "checkpoints"), async_save=False)

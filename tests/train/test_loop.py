@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common
+from jaxagent import config_lib as common
 from jaxagent.models.llama import DecoderConfig, init_decoder
 from jaxagent.train import loop
 from jaxagent.train.checkpoint import Checkpointer

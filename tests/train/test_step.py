@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from configs import common
+from jaxagent import config_lib as common
 from jaxagent import sharding
 from jaxagent.models.llama import DecoderConfig, init_decoder
 from jaxagent.train.losses import masked_cross_entropy

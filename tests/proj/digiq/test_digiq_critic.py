@@ -1,6 +1,7 @@
 """Digi-Q critic: shapes, paper widths, text-field extraction, gradient flow, sharding metadata."""
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -9,6 +10,8 @@ from flax import nnx
 
 from jaxagent import sharding
 from jaxagent.models import critic as C
+from jaxagent.proj.digiq import critic as critic_lib
+from jaxagent.proj.digiq import features
 from jaxagent.rl import losses, targets
 
 TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": '
@@ -28,7 +31,7 @@ def model():
 
 def _batch(cfg, actions, n=None, seed=0):
   rng = np.random.default_rng(seed)
-  b = C.featurize([OBS0, OBS1], actions, cfg)
+  b = features.featurize([OBS0, OBS1], actions, cfg)
   b["image_features"] = rng.normal(size=(2, cfg.image_dim)).astype(np.float32)
   shape = (2, cfg.rep_dim) if n is None else (2, n, cfg.rep_dim)
   b["q_rep"] = rng.normal(size=shape).astype(np.float32)
@@ -36,20 +39,20 @@ def _batch(cfg, actions, n=None, seed=0):
 
 
 def test_text_fields_follow_the_original_critic_parse():
-  assert C.critic_text_fields(OBS0) == ("", "Search for running shoes on ebay")
-  prev, goal = C.critic_text_fields(OBS1)
+  assert features.critic_text_fields(OBS0) == ("", "Search for running shoes on ebay")
+  prev, goal = features.critic_text_fields(OBS1)
   assert goal == "Open the settings app" and prev.startswith('"action_type": "DUAL_POINT"')
-  assert C.action_type_and_text(TYPE) == ("TYPE", "running shoes")
-  assert C.action_type_and_text(TAP) == ("DUAL_POINT", "")
-  assert C.action_type_and_text("not an action") == ("not an action", "not an action")  # raw for both
-  assert C.action_type_and_text(prev) == ("DUAL_POINT", "")
+  assert features.action_type_and_text(TYPE) == ("TYPE", "running shoes")
+  assert features.action_type_and_text(TAP) == ("DUAL_POINT", "")
+  assert features.action_type_and_text("not an action") == ("not an action", "not an action")  # raw for both
+  assert features.action_type_and_text(prev) == ("DUAL_POINT", "")
 
 
 def test_hash_text_is_deterministic_and_padded():
-  ids = C.encode_texts(["Search shoes", ""], vocab=64, max_tokens=8)
+  ids = features.encode_texts(["Search shoes", ""], vocab=64, max_tokens=8)
   assert ids.shape == (2, 8) and ids.dtype == np.int32
   assert (ids[0] > 0).all() and (ids[1] == 0).all()  # 2 words + 10 trigrams truncated to 8; empty = all pad
-  assert C.hash_text("Search shoes", 64, 8) == ids[0].tolist()
+  assert features.hash_text("Search shoes", 64, 8) == ids[0].tolist()
   assert ((ids >= 0) & (ids < 64)).all()
 
 
@@ -75,7 +78,7 @@ def test_classification_heads_have_two_outputs():
   model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
   q1, q2, v1, _ = model(_batch(cfg, [TAP, TYPE]))
   assert q1.shape == (2, 2) and v1.shape == (2, 2)
-  q, v = model.scores(_batch(cfg, [TAP, TYPE]))  # softmax[1] of each head
+  q, v = critic_lib.head_scores(model, _batch(cfg, [TAP, TYPE]))  # softmax[1] of each head
   np.testing.assert_allclose(q[:, 1], jax.nn.softmax(q2, -1)[:, 1], rtol=1e-6)
   assert q.shape == (2, 2) and v.shape == (2, 2) and bool(jnp.all((q > 0) & (q < 1)))
 
@@ -83,7 +86,7 @@ def test_classification_heads_have_two_outputs():
 def test_scores_feed_best_of_n_selection(model):
   cfg = model.cfg
   batch = _batch(cfg, [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]], n=3)
-  q, v = model.scores(batch)
+  q, v = critic_lib.head_scores(model, batch)
   q1, q2, v1, v2 = model(batch)
   assert q.shape == (2, 3, 2) and v.shape == (2, 2)
   np.testing.assert_allclose(q[..., 0], q1[..., 0])
@@ -153,7 +156,7 @@ def test_bad_feature_widths_name_the_field(model):
 def _cand_batch(cfg, seed=0):
   cands = [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]]
   b = _batch(cfg, [c[0] for c in cands], seed=seed)
-  cb = C.featurize([OBS0, OBS1], cands, cfg)
+  cb = features.featurize([OBS0, OBS1], cands, cfg)
   b["cand_type"], b["cand_text"] = jnp.asarray(cb["act_type"]), jnp.asarray(cb["act_text"])
   b["cand_rep"] = jnp.asarray(np.random.default_rng(seed + 1).normal(size=(2, 3, cfg.rep_dim)), jnp.float32)
   b["cand_rep"] = b["cand_rep"].at[:, 0].set(b["q_rep"])  # index 0 = the dataset action
@@ -179,23 +182,23 @@ def test_td_loss_wiring_matches_the_digiq_code(model):
     yq1, yq2 = r + (1 - done) * 0.95 * tv1, r + (1 - done) * 0.95 * tv2
     return mse(q1, yq1) + mse(q2, yq2) + mse(v1, bq1) + mse(v2, bq2)
 
-  loss = nnx.jit(lambda m, t: C.td_loss(m, t, batch, next_state, r, done)[0])(model, target)
+  loss = nnx.jit(lambda m, t: critic_lib.td_loss(m, t, batch, next_state, r, done)[0])(model, target)
   np.testing.assert_allclose(loss, expected(tq1, tq2), rtol=1e-4)
   # the paper's V backup over π_β candidates: the mean, or one sampled index
   cand = dict(batch, act_type=batch["cand_type"], act_text=batch["cand_text"], q_rep=batch["cand_rep"])
   cq1, cq2, _, _ = (np.asarray(x)[..., 0] for x in fwd(target, cand))
   np.testing.assert_allclose(cq1[:, 0], tq1, rtol=1e-5)
-  mean_loss = nnx.jit(lambda m, t: C.td_loss(m, t, batch, next_state, r, done, backup="mean")[0])(model, target)
+  mean_loss = nnx.jit(lambda m, t: critic_lib.td_loss(m, t, batch, next_state, r, done, backup="mean")[0])(model, target)
   np.testing.assert_allclose(mean_loss, expected(cq1.mean(1), cq2.mean(1)), rtol=1e-4)
-  sample_loss = C.td_loss(model, target, batch, next_state, r, done, backup="sample", key=jax.random.key(3))[0]
+  sample_loss = critic_lib.td_loss(model, target, batch, next_state, r, done, backup="sample", key=jax.random.key(3))[0]
   per_index = [expected(cq1[:, k], cq2[:, k]) for k in range(3)]
   assert min(abs(float(sample_loss) - e) for e in per_index) < 1e-4 * max(per_index)
   # mc: every head on G_t
   g = jnp.array([0.25, 1.0])
-  mc = C.td_loss(model, target, batch, next_state, r, done, mc_return=g, advantage_estimation="mc")[0]
+  mc = critic_lib.td_loss(model, target, batch, next_state, r, done, mc_return=g, advantage_estimation="mc")[0]
   np.testing.assert_allclose(mc, mse(q1, g) + mse(q2, g) + mse(v1, g) + mse(v2, g), rtol=1e-4)
   with pytest.raises(ValueError, match="cand_rep"):
-    C.td_loss(model, target, {k: v for k, v in batch.items() if not k.startswith("cand")}, next_state, r, done,
+    critic_lib.td_loss(model, target, {k: v for k, v in batch.items() if not k.startswith("cand")}, next_state, r, done,
               backup="mean")
 
 
@@ -203,8 +206,10 @@ def test_best_of_n_weights_from_the_critic(model):
   cfg = model.cfg
   batch = _batch(cfg, [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]], n=3)
   valid = jnp.array([[True, True, False], [True, True, True]])
-  idx, adv, w = nnx.jit(lambda m: C.best_of_n(m, batch, valid, kind="best-of-n", threshold=0.0))(model)
-  q, v = model.scores(batch)
+  q, v = critic_lib.head_scores(model, batch)
+  actor = ml_collections.ConfigDict(dict(loss="best-of-n", threshold=0.0, pg_multiplier=5.0, awr_beta=0.01,
+                                         head_reduce="max"))
+  idx, adv, w = critic_lib.best_of_n(actor, {"q": np.asarray(q), "v": np.asarray(v), "valid": np.asarray(valid)})
   idx2, adv2 = losses.best_of_n_select(q, v, valid)
   np.testing.assert_array_equal(idx, idx2)
   np.testing.assert_allclose(adv, adv2, rtol=1e-5)
@@ -226,7 +231,7 @@ def test_td_training_with_a_target_network_recovers_discounted_values(model):
 
   @nnx.jit
   def train_step(online, target, opt):
-    loss, grads = nnx.value_and_grad(lambda m: C.td_loss(m, target, states, next_state, r, done, gamma)[0])(online)
+    loss, grads = nnx.value_and_grad(lambda m: critic_lib.td_loss(m, target, states, next_state, r, done, gamma)[0])(online)
     opt.update(online, grads)
     targets.soft_update(target, online, 0.1)
     return loss
@@ -246,12 +251,12 @@ SWIPE = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POIN
 
 
 def test_action_point_reads_taps_and_swipes_only():
-  np.testing.assert_allclose(C.action_point(TAP), [0.7761, 0.7089, 0.7761, 0.7089, 1.0], rtol=1e-6)
-  np.testing.assert_allclose(C.action_point(SWIPE), [0.2, 0.8, 0.2, 0.3, 1.0], rtol=1e-6)
-  prev, _ = C.critic_text_fields(OBS1)  # the critic's previous-action field has no "Action Plan"
-  np.testing.assert_allclose(C.action_point(prev), [0.5, 0.5, 0.5, 0.5, 1.0])
+  np.testing.assert_allclose(features.action_point(TAP), [0.7761, 0.7089, 0.7761, 0.7089, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(features.action_point(SWIPE), [0.2, 0.8, 0.2, 0.3, 1.0], rtol=1e-6)
+  prev, _ = features.critic_text_fields(OBS1)  # the critic's previous-action field has no "Action Plan"
+  np.testing.assert_allclose(features.action_point(prev), [0.5, 0.5, 0.5, 0.5, 1.0])
   for other in (TYPE, "junk", "", TAP.replace("[0.7761, 0.7089]", "[0.7761")):
-    assert C.action_point(other).tolist() == [0.0] * 5, other
+    assert features.action_point(other).tolist() == [0.0] * 5, other
 
 
 def test_fourier_points_hand_values():
@@ -267,8 +272,8 @@ def test_fourier_points_hand_values():
 
 def test_bag_of_words_sums_word_embeddings_without_trigrams():
   cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, text_encoder="bag_of_words")
-  ids = C.featurize([OBS1], [TAP], cfg)["goal"][0]
-  words = C._WORD_RE.findall("Open the settings app".lower())
+  ids = features.featurize([OBS1], [TAP], cfg)["goal"][0]
+  words = features._WORD_RE.findall("Open the settings app".lower())
   assert int((ids > 0).sum()) == len(words) == 4  # words only: no character trigrams
   enc = C.BagOfWordsEncoder(cfg.text_vocab, cfg.text_dim, rngs=nnx.Rngs(0))
   table = np.asarray(enc.embed.embedding[...])
@@ -311,7 +316,7 @@ def test_bag_of_words_and_points_learn_which_tap_a_goal_needs():
   def rank(point_octaves):
     cfg = C.CriticConfig.tiny(image_dim=4, rep_dim=4, text_encoder="bag_of_words", point_octaves=point_octaves)
     model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
-    b = C.featurize([obs[g] for g in goal_idx], [tap(t) for t in tap_idx], cfg)
+    b = features.featurize([obs[g] for g in goal_idx], [tap(t) for t in tap_idx], cfg)
     b["image_features"] = np.zeros((256, 4), np.float32)
     b["q_rep"] = np.zeros((256, 4), np.float32)  # a representation that does not see the tap
     b = {k: jnp.asarray(v) for k, v in b.items()}
@@ -321,17 +326,63 @@ def test_bag_of_words_and_points_learn_which_tap_a_goal_needs():
 
     @nnx.jit
     def step(model, opt):
-      loss_fn = lambda m: C.td_loss(m, m, b, b, zeros, zeros, mc_return=jnp.asarray(ret),
+      loss_fn = lambda m: critic_lib.td_loss(m, m, b, b, zeros, zeros, mc_return=jnp.asarray(ret),
                                     advantage_estimation="mc")[0]
       opt.update(model, nnx.grad(loss_fn)(model))
 
     for _ in range(300):
       step(model, opt)
-    cands = C.featurize(obs, [[tap(k) for k in range(4)]] * 4, cfg)
+    cands = features.featurize(obs, [[tap(k) for k in range(4)]] * 4, cfg)
     cands.update(image_features=np.zeros((4, 4), np.float32), q_rep=np.zeros((4, 4, 4), np.float32))
-    q, _ = model.scores({k: jnp.asarray(v) for k, v in cands.items()})
+    q, _ = critic_lib.head_scores(model, {k: jnp.asarray(v) for k, v in cands.items()})
     return np.asarray(q).max(-1)  # [goal, tap]
 
   q = rank(3)
   assert (q.argmax(1) == np.arange(4)).all(), q
   assert np.ptp(rank(0), axis=1).max() < 1e-6  # no point features: every tap scores the same
+
+
+# ------------------------------------------------------------------- the critic on the shared training loop
+
+
+def _chain_rows(cfg):
+  """The two-step chain above as `transition_arrays`-style rows (bellman, dataset backup)."""
+  states = {k: np.asarray(v) for k, v in _batch(cfg, [TAP, TAP], seed=5).items()}
+  rows = dict(states, q_rep=states["image_features"])
+  for k in ("goal", "prev_type", "prev_text", "image_features"):
+    rows["next_" + k] = states[k][[1, 1]]
+  rows.update(reward=np.array([0.0, 1.0], np.float32), done=np.array([0.0, 1.0], np.float32),
+              mc_return=np.array([0.95, 1.0], np.float32))
+  return rows
+
+
+def _critic_config(steps):
+  from jaxagent import config_lib
+  from jaxagent.pipeline.config import stage_config
+  c = config_lib.base_config(staged=True)
+  c.recipe = "digiq"
+  c.train.progress_bar = False
+  c.checkpoint.async_save = False
+  c.critic = config_lib.stage(steps=steps, batch_size=2, lr=3e-3, warmup_steps=0, end_lr_ratio=1.0)
+  c.critic.update(gamma=0.95, tau=0.1, target_every=1, backup="dataset", advantage_estimation="bellman")
+  return stage_config(c, c.critic)
+
+
+def test_critic_trains_on_the_shared_loop_with_a_polyak_target_and_resumes_exactly(model, tmp_path):
+  """`train_critic` (Grain batches, Orbax, the target moved inside the step) reaches the chain's TD fixed point;
+  a run stopped at step 150 and continued to 300 ends with the parameters (online and target) of an unbroken
+  300-step run."""
+  cfg, rows = model.cfg, _chain_rows(model.cfg)
+  whole = critic_lib.train_critic(_critic_config(300), str(tmp_path / "whole"), rows, cfg)
+  q1, q2, v1, v2 = whole.online({k: jnp.asarray(v) for k, v in rows.items() if not k.startswith("next_")})
+  for head in (q1, q2, v1, v2):
+    np.testing.assert_allclose(head[:, 0], [0.95, 1.0], atol=0.05)
+  online, target = nnx.state(whole.online, nnx.Param), nnx.state(whole.target, nnx.Param)
+  assert max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(online), jax.tree.leaves(target))) < 0.05
+  first = critic_lib.CriticWithTarget(cfg, 0)
+  moved = jax.tree.leaves(nnx.state(first.target, nnx.Param))
+  assert any(float(jnp.abs(a - b).max()) > 1e-3 for a, b in zip(moved, jax.tree.leaves(target)))  # it followed
+  critic_lib.train_critic(_critic_config(150), str(tmp_path / "split"), rows, cfg)
+  resumed = critic_lib.train_critic(_critic_config(300), str(tmp_path / "split"), rows, cfg)
+  for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(resumed))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

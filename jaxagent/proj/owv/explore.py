@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.policies import history_with_images
 
 RoundFn = Callable[[int, Sequence[types.Task]], Sequence[types.Trajectory]]
 
@@ -75,7 +76,6 @@ class ReferencedJudge:
 
   def evaluate(self, task: types.Task, trajectory: types.Trajectory) -> types.Verdict:
     # The collector judges before the store writes screenshots: hand an LLM judge the in-memory ones.
-    from jaxagent.policies import history_with_images  # pylint: disable=g-import-not-at-top
     shown = dataclasses.replace(trajectory, steps=history_with_images(trajectory.steps))
     verdict = self.judge.evaluate(task, shown)
     if self.reference is not None:
@@ -94,36 +94,13 @@ def agreement(trajs: Sequence[types.Trajectory]) -> dict | None:
           "judge_positive": float(a[:, 0].mean()), "programmatic_positive": float(a[:, 1].mean())}
 
 
-def stored(store: TrajectoryStore) -> dict[str, types.Trajectory]:
-  store.refresh()
-  return {t.task.id: t for t in store}
-
-
-def pool_round(pool, policy, parse, store: TrajectoryStore, judge: types.Judge, *, obs_text=None, name: str = "",
-               progress: bool = False) -> Callable[[Sequence[types.Task]], list[types.Trajectory]]:
-  """Runs tasks once through `pool` into `store` (tasks already stored are skipped); returns their
-  trajectories in task order."""
-  from jaxagent.rl.collector import collect  # pylint: disable=g-import-not-at-top
-
-  def run(tasks: Sequence[types.Task]) -> list[types.Trajectory]:
-    have = stored(store)
-    todo = [t for t in tasks if t.id not in have]
-    if todo:
-      collect(pool, policy, parse, todo, store=store, judge=judge, obs_text=obs_text, policy_name=name,
-              progress=progress, keep_screenshots=False)
-      have = stored(store)
-    return [have[t.id] for t in tasks]
-
-  return run
-
-
-def explore_in_pool(pool, policy, parse, tasks: Sequence[types.Task], store: TrajectoryStore, judge: types.Judge,
-                    max_attempts: int, **kwargs) -> ExploreResult:
-  """`explore` with each attempt a `pool_round` (episode ids `attempt_id(task, k)`); solved/attempts keyed
-  by the query's own id."""
-  run = pool_round(pool, policy, parse, store, judge, **kwargs)
+def explore_rollouts(rollouts, policy, tasks: Sequence[types.Task], store: TrajectoryStore, judge: types.Judge,
+                     max_attempts: int, name: str) -> ExploreResult:
+  """`explore` with each attempt one `pipeline.rollout.Rollouts.run` (episode ids `attempt_id(task, k)`, so a
+  restarted exploration finds its finished attempts in `store`); solved/attempts keyed by the query's own id."""
 
   def run_round(k, pending):
-    return run([dataclasses.replace(t, id=attempt_id(t.id, k)) for t in pending])
+    return rollouts.run(policy, [dataclasses.replace(t, id=attempt_id(t.id, k)) for t in pending], store,
+                        judge=judge, name=name)
 
   return explore(tasks, max_attempts, run_round)

@@ -11,10 +11,15 @@ A config file is a plain Python module that defines
     `VARIANTS`, so a new recipe config is covered by that test as soon as it is added.
   * every config sets `config.recipe` (a name in `jaxagent.recipes.RECIPES`), and the shared blocks below
     (`mesh`, `train`, `optim`, `checkpoint`, `profile`) built by `base_config()`, so every recipe shares
-    one training loop (`jaxagent.train.loop`).
+    one training loop (`jaxagent.train.loop`). A recipe with several training stages gives each stage a section
+    with its own `train` (steps, batch_size) and `optim` (lr, ...) blocks (`stage(...)`), merged over the
+    shared blocks by `jaxagent.pipeline.config.stage_config`; the shared blocks then hold no step count, batch
+    size or learning rate of their own (`base_config(staged=True)`), so no key is left unread.
+  * a value a variant cannot default (a local checkpoint directory) is `None`: `jaxagent.main` refuses to start
+    until it is set (`--config.model.hf_checkpoint=DIR`).
 
 Command-line overrides (`--config.optim.lr=3e-4`) may only set keys that exist; `jaxagent.main` rejects a typo
-with the nearest valid key paths.
+with the nearest valid key paths, and an enumerated value outside its choices, before any work.
 """
 
 from __future__ import annotations
@@ -48,16 +53,15 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
-def base_config() -> ml_collections.ConfigDict:
-  """Blocks every recipe's training loop reads; recipes override values, never rename keys."""
+def base_config(staged: bool = False) -> ml_collections.ConfigDict:
+  """Blocks every recipe's training loop reads; recipes override values, never rename keys. `staged`: the
+  recipe's stages carry their own steps, batch size and learning rate (`stage`), so the shared blocks do not."""
   c = ml_collections.ConfigDict()
   c.recipe = ""
   c.seed = 0
   c.distributed = False  # call jax.distributed.initialize() (multi-host)
   # Mesh over (data, fsdp, tensor); one axis may be -1 (= the remaining devices).
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
-  # Logical-axis rules override: None uses jaxagent.sharding.RULES.
-  c.sharding_rules = ml_collections.FieldReference(None, field_type=tuple)
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 100
@@ -75,6 +79,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.eps = 1e-8
   c.optim.weight_decay = 0.0
   c.optim.clip_norm = 1.0  # 0 disables clipping
+  if staged:
+    for key in ("steps", "batch_size"):
+      del c.train[key]
+    del c.optim["lr"]
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 50  # steps; the last step is always saved
@@ -102,3 +110,9 @@ def vlm_model() -> ml_collections.ConfigDict:
       decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                              head_dim=32, intermediate_size=256)),
       vision=ml_collections.ConfigDict()))
+
+
+def stage(steps: int, batch_size: int, lr: float, **optim) -> ml_collections.ConfigDict:
+  """A training stage's section: `train` (steps, batch_size) and `optim` (lr, and any other optimizer value
+  this stage sets apart from the shared `optim` block)."""
+  return ml_collections.ConfigDict(dict(train=dict(steps=steps, batch_size=batch_size), optim=dict(lr=lr, **optim)))

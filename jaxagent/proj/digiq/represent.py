@@ -22,9 +22,10 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import types
-from jaxagent.data import digiq as digiq_data
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.recipes.digiq_stages import common
+from jaxagent.data import conversation
+from jaxagent.pipeline.policy import render_prompt
+from jaxagent.proj.digiq import screens as digiq_data
 
 
 @nnx.jit
@@ -49,7 +50,7 @@ class Encoder:
     self.image_id = loaded.image_token_id
 
   def _ids(self, prompt: str) -> np.ndarray:
-    text = common.chat_prompt(self.tokenizer, prompt)
+    text = render_prompt([{"from": "human", "value": prompt}], self.tokenizer.bos_token or "")
     ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
     return np.repeat(ids, np.where(ids == self.image_id, self.loaded.num_image_tokens, 1)).astype(np.int32)
 
@@ -76,7 +77,7 @@ class Encoder:
     """[len(screens), hidden] mean-pooled vision features of the 1/4 screenshots."""
     out = []
     for start in range(0, len(screens), self.batch):
-      chunk = [common.small_screen(s) for s in screens[start:start + self.batch]]
+      chunk = [digiq_data.downscale(s) for s in screens[start:start + self.batch]]
       pix = np.zeros((self.batch,) + self._pixels(chunk[:1]).shape[1:], np.float32)
       pix[:len(chunk)] = self._pixels(chunk)
       out.append(np.asarray(_image_features(self.loaded.model, pix))[:len(chunk)])
@@ -91,8 +92,7 @@ class Encoder:
 
 
 def finetune_items(trajs: Sequence[types.Trajectory], store: TrajectoryStore, out_dir: str) -> list[dict]:
-  """The §5.2 Yes/No samples of the dataset steps (`data.digiq.build_representation_dataset`)."""
-  from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
+  """The §5.2 Yes/No samples of the dataset steps (`screens.build_representation_dataset`)."""
   path = digiq_data.build_representation_dataset(trajs, store.load_image, out_dir)
   items = conversation.load_conversations(path)
   if not items:

@@ -1,9 +1,9 @@
 """OpenWebVoyager's data: query sets, the observation the policy sees, trajectories → samples, data mixing.
 
 `reference/algorithms.md` §2.2–2.4. The conversation format is `agents.openwebvoyager`'s (turn 1 = task +
-screenshot + accessibility tree, older turns collapsed, ≤3 screenshots per sample); this module only decides
-which queries each stage gets, turns judged trajectories into per-step samples on disk, and mixes the sources
-of an optimisation iteration (`mix`).
+screenshot + accessibility tree, older turns collapsed, ≤3 screenshots per sample); this module shortens
+the observation for a small context, builds the acting prompt, turns judged trajectories into per-step samples
+on disk, and mixes the sources of an optimisation iteration (`mix`).
 """
 
 from __future__ import annotations
@@ -22,47 +22,8 @@ from jaxagent import types
 from jaxagent.agents import openwebvoyager
 from jaxagent.data import conversation
 from jaxagent.data.store import TrajectoryStore
-
-# ------------------------------------------------------------------------------------------ queries
-
-
-def select_tasks(config) -> dict[str, list[types.Task]]:
-  """The web-profile suites of the bundled sites (`sites.generate`), restricted to `config.tasks.templates`
-  and capped at `config.tasks.max_steps` (OpenWebVoyager's `max_iter` 15)."""
-  from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
-  return sites.select(config.tasks.seed, "web", config.tasks.templates, config.tasks.max_steps)
-
-
-def query_sets(train: Sequence[types.Task], sizes: Mapping[str, int], seed: int) -> dict[str, list[types.Task]]:
-  """Disjoint query sets drawn from the train split, one per stage (`{"il": 1516, "iter1": 480, ...}` in the
-  paper, §2.3–2.4): a seeded shuffle cut in order, so IL and each iteration see different queries. When the
-  split is smaller than the total, later sets wrap around (reusing queries) rather than coming out empty; a
-  query repeated within one set gets a distinct id (`<id>@<set>.r<n>`, n ≥ 1), so each is its own episode."""
-  order = list(train)
-  random.Random(seed).shuffle(order)
-  out, pos = {}, 0
-  for name, n in sizes.items():
-    picked = [order[(pos + k) % len(order)] for k in range(int(n))]
-    pos += int(n)
-    out[name] = [dataclasses.replace(t, id=f"{t.id}@{name}" + (f".r{k // len(order)}" if k >= len(order) else ""))
-                 for k, t in enumerate(picked)]
-  return out
-
-
-def write_tasks(path: str, tasks: Sequence[types.Task]) -> None:
-  atomic_write(path, "".join(json.dumps(t.to_json()) + "\n" for t in tasks))
-
-
-def read_tasks(path: str) -> list[types.Task]:
-  with open(path, encoding="utf-8") as f:
-    return [types.Task.from_json(json.loads(line)) for line in f if line.strip()]
-
-
-def atomic_write(path: str, text: str) -> None:
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
-
+from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.pipeline.stages import write_json, write_text
 
 # ------------------------------------------------------------------------------------ observation
 
@@ -102,6 +63,20 @@ def make_format(config) -> CompactOpenWebVoyager:
   return CompactOpenWebVoyager(int(o.max_tree_lines), bool(o.drop_urls), int(o.history_images))
 
 
+def prompt_fn(fmt: CompactOpenWebVoyager):
+  """`VLMPolicy`'s prompt: the compressed conversation the samples were built from (`fmt.conversation`), with
+  the screenshots its `<image>` markers name (the last ≤3, §2.2)."""
+
+  def prompt(observation: types.Observation, history: Sequence[types.Step]) -> tuple[list[dict], list]:
+    turns = fmt.conversation(observation.intent, observation, history)
+    shots = [s.observation.screenshot if s.observation is not None and s.observation.screenshot is not None
+             else s.image_path for s in history] + [observation.screenshot]
+    n = sum(t["value"].count(IMAGE_TOKEN) for t in turns)
+    return turns, shots[len(shots) - n:] if n else []
+
+  return prompt
+
+
 # ---------------------------------------------------------------------------------------- samples
 
 
@@ -136,7 +111,7 @@ def successful_samples(store: TrajectoryStore, out_dir: str, n_steps: int = open
       n_traj += 1
   for s in samples:
     conversation.validate(s)
-  atomic_write(os.path.join(out_dir, "samples.json"), json.dumps(samples, ensure_ascii=False))
+  write_json(os.path.join(out_dir, "samples.json"), samples)
   return {"trajectories": n_traj, "samples": len(samples)}
 
 
@@ -169,7 +144,7 @@ def convert_released(root: str, out_path: str) -> dict:
       item["images"] = [f"images/{p}" for p in item["images"]]
     samples.extend(items)
     kept += 1
-  atomic_write(out_path, json.dumps(samples, ensure_ascii=False))
+  write_text(out_path, json.dumps(samples, ensure_ascii=False))
   return {"tasks": kept, "unfinished_skipped": skipped, "samples": len(samples)}
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from jaxagent import types
-from jaxagent.data import conversation, digiq
+from jaxagent.data import conversation
+from jaxagent.proj.digiq import screens as digiq
 from jaxagent.data.store import TrajectoryStore
 
 

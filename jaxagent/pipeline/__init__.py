@@ -1,0 +1,13 @@
+"""The parts every recipe is made of, so that a recipe is its stages in order, a loss and a config.
+
+  stages    `Stages(workdir, tag, config)`: one directory and an atomic `DONE` per stage, skip-when-done,
+            timings, and a warning when a finished stage ran with other config values; atomic file writes
+  config    `stage_config(config, section)`: a stage's `train` / `optim` blocks over the shared ones;
+            `validate(config, choices)`: enumerated values and paths refused before any work
+  tasks     task-suite I/O and seeded episode draws (`draw_episodes`, `disjoint_sets`), `success_rate`
+  rollout   `Rollouts` / `rollout`: tasks through an `EnvPool`, judged, into a `TrajectoryStore`; resumes by
+            episode id
+  policy    `VLMPolicy`: a trained model acting in an agent format, prompted with the training renderer
+  finetune  `finetune(config, workdir, items, init_from=...)`: tokenizer → `models.build` → Grain → `loop.train`,
+            with any per-sample weight (`weighted_nll`)
+"""

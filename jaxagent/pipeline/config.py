@@ -1,0 +1,74 @@
+"""Per-stage configs and the checks that refuse a bad config before any work.
+
+A multi-stage recipe's config holds the shared training blocks (`train`, `optim`, `checkpoint`, ...) without a
+step count, batch size or learning rate, and each training stage a section with its own `train` and `optim`
+blocks (`config.il.train.steps`, `config.il.optim.lr`); `stage_config` merges them into the config that stage
+trains with. So every key is read: a shared value by every stage, a stage's value by that stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Mapping, Sequence
+
+PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
+
+
+class ConfigError(ValueError):
+  """A config value that cannot run; the message names the key, what is allowed and the fix."""
+
+
+def stage_config(config, section, *, seed_offset: int = 0):
+  """The config one training stage runs with: `section.train` / `section.optim` over the shared blocks, the
+  seed offset by `seed_offset` (stages draw different batches), and logging, warmup and checkpoint intervals
+  capped at the stage's step count."""
+  c = copy.deepcopy(config)
+  c.unlock()
+  c.seed = int(config.seed) + seed_offset
+  c.train.update(dict(section.train))
+  c.optim.update(dict(section.optim))
+  steps = int(c.train.steps)
+  c.train.log_every = max(1, min(int(c.train.log_every), steps))
+  c.optim.warmup_steps = min(int(c.optim.warmup_steps), max(steps // 10, 1))
+  c.checkpoint.every = min(int(c.checkpoint.every), steps)
+  return c
+
+
+def _get(config, key: str):
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def _leaves(config, prefix: str = ""):
+  for k, v in config.items():
+    if hasattr(v, "items"):
+      yield from _leaves(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+
+
+def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[str, Sequence[str]] = ()) -> None:
+  """Refuses, naming the key: a value of `choices[key]` outside its allowed values, a comma-separated value of
+  `lists[key]` with a name outside its allowed names (or none), a required key left unset (None: a variant's
+  placeholder), and a local path (`PATH_KEYS`) that does not exist."""
+  choices, lists = dict(choices), dict(lists)
+  for key, allowed in choices.items():
+    value = _get(config, key)
+    if value not in allowed:
+      raise ConfigError(f"config.{key}={value!r} is not one of {tuple(allowed)}; "
+                        f"set --config.{key}={allowed[0]} (or another of those)")
+  for key, allowed in lists.items():
+    names = [s.strip() for s in str(_get(config, key)).split(",") if s.strip()]
+    if not names or set(names) - set(allowed):
+      raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
+                        "comma-separated")
+  for key, value in _leaves(config):
+    if value is None:
+      raise ConfigError(f"config.{key} is required here (this variant has no default for it); "
+                        f"set --config.{key}=...")
+    if key.rsplit(".", 1)[-1] in PATH_KEYS and value and value != "default" and not os.path.exists(value):
+      raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "
+                        f"(--config.{key}=DIR) or '' for the default")

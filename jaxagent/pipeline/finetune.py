@@ -1,0 +1,90 @@
+"""Fine-tune the config's model on conversation samples: tokenizer → `models.build` → Grain → `train.loop.train`.
+
+Every supervised stage of every recipe trains here (IL, OpenWebVoyager's iterations, Digi-Q's IL actor,
+representation model and Best-of-N actor, DigiRL's and WebRL's actors): only the samples, their weights and the
+stage config differ. The workdir is self-contained: `config.json` (the stage's config), `tokenizer/`,
+`checkpoints/` (Orbax; a rerun resumes), TensorBoard events and `metrics.jsonl`, so `serving.load_policy(workdir)`
+and `python -m jaxagent.serve --checkpoint workdir` load it as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxagent import models
+from jaxagent.data import conversation, pipeline
+from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.pipeline.stages import write_text
+from jaxagent.serving.checkpoint import load_policy
+from jaxagent.train import loop
+from jaxagent.train.losses import weighted_token_nll
+from jaxagent.train.step import LossFn
+
+
+def _on_host(model: nnx.Module) -> nnx.Module:
+  """The model with host (numpy) parameters: `load_policy` places them on one device, and the training mesh may
+  span several, where committed single-device arrays cannot enter its jit."""
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, jax.device_get(state))
+
+
+def _preview(tokenizer, arrays: dict) -> str:
+  """A sample's target text with its loss-carrying spans in ⟦ ⟧ (a TensorBoard check of the mask)."""
+  n = int(arrays["attention_mask"].sum())
+  targets, mask = arrays["targets"][:n], arrays["loss_mask"][:n]
+  cuts = np.flatnonzero(np.diff(mask)) + 1
+  out = []
+  for ids, m in zip(np.split(targets, cuts), np.split(mask, cuts)):
+    text = tokenizer.decode(ids.tolist())
+    out.append(f"⟦{text}⟧" if m[0] else text)
+  return "".join(out)
+
+
+def finetune(config, workdir: str, items: list[dict], *, init_from: str | None = None,
+             loss: LossFn = weighted_token_nll, pad_to: int = 32, truncate: bool = False) -> str:
+  """Trains `config.model` on `items` (conversation samples, each with an optional `weight`) for
+  `config.train.steps`; returns the final checkpoint's path.
+
+  A fresh run starts from the policy at `init_from` (a training workdir or a HF directory), else from
+  `config.model.hf_checkpoint`'s weights, else from random init. Batches are padded to the longest sample
+  (rounded up to `pad_to`), not to `data.seq_len`: no step pays for attention over padding. A sample longer than
+  `data.seq_len` is refused rather than cut, since a cut reply would teach the model unparsable outputs;
+  `truncate=True` cuts it at `data.seq_len` instead (plain SFT on given conversations, as Megatron's
+  `seq_length` does in OpenWebVoyager's training).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer = load_tokenizer(config.data.tokenizer or config.model.hf_checkpoint or None)
+  if jax.process_index() == 0:
+    tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
+    write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+  items = [conversation.validate(x) | {"weight": x.get("weight", 1.0)} for x in items]
+  if not items:
+    raise ValueError(f"finetune {workdir}: no training samples")
+  built = models.build(config, tokenizer)
+  longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens)[0]) for it in items)
+  if longest > config.data.seq_len + 1 and not truncate:
+    raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
+                     f"raise --config.data.seq_len to at least {longest}")
+  seq_len = min(int(config.data.seq_len), -(-(longest - 1) // pad_to) * pad_to)
+  encode = pipeline.EncodeSample(tokenizer, seq_len, built.num_image_tokens, built.preprocess, built.image_size,
+                                 int(config.data.max_images))
+  ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
+  pretrained: Callable[[], nnx.Module] | None = built.pretrained
+  if init_from:
+    pretrained = lambda: _on_host(load_policy(init_from).model)
+
+  def on_start(writer, ts):
+    del ts
+    arrays = encode(items[0])
+    writer.write_texts(0, {"data/first_sample_loss_marked": _preview(tokenizer, arrays)})
+    if "images" in arrays:
+      writer.write_images(0, {"data/first_sample_images": arrays["images"][arrays["image_mask"]]})
+
+  return loop.train(config, workdir, model_fn=built.init, loss_fn=loss, dataset=ds,
+                    flops_per_token=built.flops_per_token, on_start=on_start,
+                    read_options=pipeline.read_options(int(config.data.num_threads)), pretrained=pretrained)

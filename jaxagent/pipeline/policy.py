@@ -1,0 +1,71 @@
+"""A trained model as an acting `Policy`, prompted byte for byte as it was trained.
+
+The training samples are conversations (`{"from": "human"|"gpt", "value"}` turns with `<image>` markers)
+rendered by `data.conversation.render`; the policy builds the same turns for the current observation (the
+recipe's `prompt_fn`), renders them with that same function, and hands the engine the text up to `Assistant:`
+with the images its `<image>` markers name. All rows of one `act` call are one engine call (one sampler batch).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Sequence
+
+from jaxagent import types
+from jaxagent.data import conversation
+from jaxagent.serving.checkpoint import LoadedPolicy, load_policy
+from jaxagent.serving.engine import Engine, GenerationRequest, RequestError
+
+# (observation, history) -> (the human turns so far, as training samples hold them; the images they name)
+PromptFn = Callable[[types.Observation, Sequence[types.Step]], tuple[list[dict], list]]
+
+
+def render_prompt(turns: list[dict], bos: str) -> str:
+  """The training render of `turns` followed by the assistant's header: the text the model continues."""
+  return conversation.render(turns, bos)[0] + "Assistant:"
+
+
+class VLMPolicy:
+  """`types.Policy` over a `LoadedPolicy`: `fmt` parses the replies, `prompt_fn` builds each row's turns.
+
+  A row whose prompt exceeds the model's context gets the empty reply (the format's parse error, as a server's
+  400 would give the original agent) and is counted in `stats["too_long"]`.
+  """
+
+  def __init__(self, loaded: LoadedPolicy, fmt, prompt_fn: PromptFn, *, temperature: float, max_tokens: int,
+               max_batch: int = 32, seed: int = 0):
+    self.engine = Engine(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
+    self.loaded, self.fmt, self.prompt_fn = loaded, fmt, prompt_fn
+    self.bos = loaded.tokenizer.bos_token or ""
+    self.temperature, self.max_tokens = float(temperature), int(max_tokens)
+    self.stats = collections.Counter()
+
+  def generate(self, turns: Sequence[list[dict]], images: Sequence[list], temperature: float | None = None
+               ) -> list[str]:
+    """One reply per row (conversation turns + their images), stripped; "" for a prompt that does not fit."""
+    t = self.temperature if temperature is None else float(temperature)
+    prepared, rows = [], []
+    for i, (row_turns, row_images) in enumerate(zip(turns, images)):
+      try:
+        prepared.append(self.engine.prepare(GenerationRequest(
+            prompt=render_prompt(row_turns, self.bos), images=list(row_images), max_tokens=self.max_tokens,
+            temperature=t)))
+        rows.append(i)
+      except RequestError:
+        self.stats["too_long"] += 1
+    out = [""] * len(turns)
+    for i, result in zip(rows, self.engine.generate(prepared) if prepared else []):
+      out[i] = result.text.strip()
+    self.stats["rows"] += len(turns)
+    return out
+
+  def act(self, observations: Sequence[types.Observation], histories: Sequence[list[types.Step]]) -> list[str]:
+    prompts = [self.prompt_fn(o, h) for o, h in zip(observations, histories)]
+    return self.generate([p[0] for p in prompts], [p[1] for p in prompts])
+
+
+def load_vlm_policy(path: str, config, fmt, prompt_fn: PromptFn, temperature: float, seed: int = 0) -> VLMPolicy:
+  """The policy trained in the workdir `path` (rebuilt from the `config.json` its training wrote), sampled with
+  the recipe `config`'s `sampling` token budget and batch."""
+  return VLMPolicy(load_policy(path), fmt, prompt_fn, temperature=temperature,
+                   max_tokens=int(config.sampling.max_tokens), max_batch=int(config.sampling.max_batch), seed=seed)

@@ -1,0 +1,109 @@
+"""Resumable stages: each writes `<workdir>/<name>/` and, when finished, an atomic `DONE` holding its summary.
+
+A rerun skips finished stages (and says so, naming any config value that differs from the one the stage ran
+with, since the skipped stage's outputs keep the old value), runs the rest, and adds each stage's wall time to
+`<workdir>/timings.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+DONE = "DONE"
+RUN_CONFIG = "run_config.json"  # the flat config a stage ran with
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `path` atomically (a reader sees the old file or the new one, never a torn one)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+  write_text(path, json.dumps(obj, indent=1, ensure_ascii=False))
+
+
+def read_json(path: str) -> Any:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def save_png(path: str, image) -> str:
+  """`image` (uint8 HxWx3) as a PNG at `path`, atomically; an existing file is kept (a resumed stage)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top  # PIL only where images are written
+  if not os.path.exists(path):
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    Image.fromarray(np.asarray(image)).save(tmp)
+    os.replace(tmp, path)
+  return path
+
+
+def flatten(config) -> dict[str, Any]:
+  """`{"a.b": value}` of a (nested) ConfigDict or dict, values as JSON would hold them."""
+  d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  out: dict[str, Any] = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update({f"{k}.{kk}": vv for kk, vv in flatten(v).items()})
+    else:
+      out[k] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+class Stages:
+  """The stage runner of one recipe run: `summary = stages.run(name, fn)` calls `fn(stage_dir)` unless the
+  stage is DONE, and returns its summary (a JSON-able dict) either way."""
+
+  def __init__(self, workdir: str, tag: str, config=None):
+    self.workdir, self.tag = workdir, tag
+    self.config = flatten(config) if config is not None else None
+    os.makedirs(workdir, exist_ok=True)
+    self.timings_path = os.path.join(workdir, "timings.json")
+    self.times: dict[str, float] = read_json(self.timings_path) if os.path.exists(self.timings_path) else {}
+
+  def dir(self, name: str) -> str:
+    return os.path.join(self.workdir, name)
+
+  def is_done(self, name: str) -> bool:
+    return os.path.exists(os.path.join(self.dir(name), DONE))
+
+  def run(self, name: str, fn: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    out = self.dir(name)
+    if self.is_done(name):
+      print(f"[{self.tag}] {name}: done already, skipped{self._drift(out)}", flush=True)
+      return read_json(os.path.join(out, DONE))
+    os.makedirs(out, exist_ok=True)
+    if self.config is not None:
+      write_json(os.path.join(out, RUN_CONFIG), self.config)
+    print(f"[{self.tag}] {name} ...", flush=True)
+    t0 = time.monotonic()
+    summary = fn(out)
+    self.times[name] = self.times.get(name, 0.0) + time.monotonic() - t0
+    write_json(self.timings_path, self.times)
+    write_json(os.path.join(out, DONE), summary)
+    print(f"[{self.tag}] {name}: {json.dumps(summary)}", flush=True)
+    return summary
+
+  def _drift(self, out: str) -> str:
+    """'; it ran with k=old (now new), ...' for the config values that differ from the finished stage's."""
+    path = os.path.join(out, RUN_CONFIG)
+    if self.config is None or not os.path.exists(path):
+      return ""
+    ran = read_json(path)
+    keys = sorted(k for k in set(ran) | set(self.config) if ran.get(k) != self.config.get(k))
+    if not keys:
+      return ""
+    diffs = ", ".join(f"{k}={ran.get(k)!r} (now {self.config.get(k)!r})" for k in keys)
+    return f"; it ran with {diffs}: delete {out} to rerun it and the stages after it with the new values"
+
+  def table(self) -> str:
+    rows = [f"  {k:<16} {v:8.1f} s" for k, v in self.times.items()]
+    return "\n".join(["stage times (this workdir, all runs):"] + rows +
+                     [f"  {'total':<16} {sum(self.times.values()):8.1f} s"])

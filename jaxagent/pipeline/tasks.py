@@ -1,0 +1,55 @@
+"""Task suites on disk (one JSON task a line) and the seeded ways a recipe draws episodes from them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from typing import Mapping, Sequence
+
+from jaxagent import types
+from jaxagent.pipeline.stages import write_text
+
+
+def write_tasks(path: str, tasks: Sequence[types.Task]) -> int:
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  write_text(path, "".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+  return len(tasks)
+
+
+def read_tasks(path: str) -> list[types.Task]:
+  with open(path, encoding="utf-8") as f:
+    return [types.Task.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def draw_episodes(tasks: Sequence[types.Task], n: int, seed: int, tag: str) -> list[types.Task]:
+  """`n` episodes drawn from `tasks` with a fixed seed: a shuffled pass, repeated when n > len(tasks); ids are
+  `<task id>@<tag><k>` so that every episode is unique in its store (and resumable by id)."""
+  rng = random.Random(seed)
+  out: list[types.Task] = []
+  while len(out) < n:
+    order = list(tasks)
+    rng.shuffle(order)
+    out.extend(order[:n - len(out)])
+  return [dataclasses.replace(t, id=f"{t.id}@{tag}{k}") for k, t in enumerate(out)]
+
+
+def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: int) -> dict[str, list[types.Task]]:
+  """One set per name (`{"il": 1516, "iter1": 480, ...}`), cut in order from one seeded shuffle, so the sets
+  share no task. When `tasks` is smaller than the total, later sets wrap around (reusing tasks) rather than
+  coming out empty; a task repeated within one set gets a distinct id (`<id>@<set>.r<n>`, n ≥ 1)."""
+  order = list(tasks)
+  random.Random(seed).shuffle(order)
+  out, pos = {}, 0
+  for name, n in sizes.items():
+    picked = [order[(pos + k) % len(order)] for k in range(int(n))]
+    pos += int(n)
+    out[name] = [dataclasses.replace(t, id=f"{t.id}@{name}" + (f".r{k // len(order)}" if k >= len(order) else ""))
+                 for k, t in enumerate(picked)]
+  return out
+
+
+def success_rate(trajs: Sequence[types.Trajectory]) -> float:
+  """The fraction of trajectories judged a success (`success == 1.0`); 0 for none."""
+  return sum(t.success == 1.0 for t in trajs) / len(trajs) if trajs else 0.0

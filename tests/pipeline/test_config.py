@@ -1,0 +1,55 @@
+"""Per-stage configs read every key; bad values are refused before any work, naming the key."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import digiq as digiq_config
+from configs import openwebvoyager as owv_config
+from jaxagent.pipeline.config import ConfigError, stage_config, validate
+from jaxagent.recipes import digiq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("module,sections", [(digiq_config, ("il", "representation", "critic", "actor")),
+                                             (owv_config, ("il", "optimize"))])
+def test_each_stage_trains_with_its_own_and_the_shared_values(module, sections):
+  config = module.get_config(None)
+  assert "steps" not in config.train and "lr" not in config.optim  # no shared value that every stage overrides
+  config.optim.weight_decay = 0.25  # a shared value reaches every stage
+  for name in sections:
+    config[name].train.steps = 77
+    config[name].optim.lr = 0.5
+    c = stage_config(config, config[name])
+    assert (c.train.steps, c.optim.lr, c.optim.weight_decay) == (77, 0.5, 0.25), name
+
+
+def test_enumerated_values_and_missing_paths_are_refused_naming_the_key(tmp_path):
+  config = digiq_config.get_config(None)
+  validate(config, digiq.CHOICES, digiq.LISTS)
+  config.critic.advantage_estimation = "MC"
+  with pytest.raises(ConfigError, match=r"critic.advantage_estimation='MC' is not one of \('bellman', 'mc'\)"):
+    validate(config, digiq.CHOICES, digiq.LISTS)
+  paper = digiq_config.get_config("paper")
+  with pytest.raises(ConfigError, match="model.hf_checkpoint is required"):
+    validate(paper, digiq.CHOICES, digiq.LISTS)
+  config = digiq_config.get_config(None)
+  config.representation.hf_checkpoint = str(tmp_path / "missing")
+  with pytest.raises(ConfigError, match="representation.hf_checkpoint=.*no such file"):
+    validate(config, digiq.CHOICES, digiq.LISTS)
+
+
+@pytest.mark.parametrize("args,key", [(["--config=configs/digiq.py", "--config.critic.advantage_estimation=MC"],
+                                       "critic.advantage_estimation"),
+                                      (["--config=configs/digiq.py:paper"], "model.hf_checkpoint")])
+def test_main_refuses_a_bad_value_before_any_work(tmp_path, args, key):
+  t0 = time.monotonic()
+  proc = subprocess.run([sys.executable, "-m", "jaxagent.main", f"--workdir={tmp_path / 'w'}", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0 and key in proc.stderr, proc.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "w" / "tasks")  # nothing ran
+  assert time.monotonic() - t0 < 60

@@ -1,0 +1,38 @@
+"""The stage runner: skip-when-done, atomic summaries, timings, and the warning for a finished stage that ran
+with other config values."""
+
+import json
+import os
+
+import ml_collections
+
+from jaxagent.pipeline.stages import DONE, Stages
+
+
+def test_finished_stage_is_skipped_and_keeps_its_summary(tmp_path, capsys):
+  calls = []
+  first = Stages(str(tmp_path), "t").run("s", lambda out: calls.append(out) or {"n": 1})
+  second = Stages(str(tmp_path), "t").run("s", lambda out: calls.append(out) or {"n": 2})
+  assert first == second == {"n": 1} and len(calls) == 1
+  assert json.load(open(tmp_path / "s" / DONE)) == {"n": 1}
+  assert set(json.load(open(tmp_path / "timings.json"))) == {"s"}
+  assert "[t] s: done already, skipped" in capsys.readouterr().out
+
+
+def test_a_failed_stage_leaves_no_done_marker(tmp_path):
+  def boom(out):
+    raise RuntimeError("stage failed")
+  try:
+    Stages(str(tmp_path), "t").run("s", boom)
+  except RuntimeError:
+    pass
+  assert not os.path.exists(tmp_path / "s" / DONE)
+
+
+def test_rerun_with_other_values_names_what_the_finished_stage_used(tmp_path, capsys):
+  config = ml_collections.ConfigDict({"il": {"train": {"steps": 500}}, "seed": 0})
+  Stages(str(tmp_path), "t", config).run("il", lambda out: {})
+  config.il.train.steps = 800
+  Stages(str(tmp_path), "t", config).run("il", lambda out: {})
+  out = capsys.readouterr().out
+  assert "il.train.steps=500 (now 800)" in out and "seed" not in out.split("skipped")[1]
