@@ -51,7 +51,8 @@ class EncodeSample:
       images[:n_images] = load_images(item["images"][:n_images], self.preprocess)
       out["images"] = images
       out["image_mask"] = np.arange(self.max_images) < n_images
-    out["weight"] = np.float32(item.get("weight", 1.0))  # a per-sample loss weight (1: plain SFT)
+    if "weight" in item:  # a per-sample loss weight (weighted regression); absent: plain SFT
+      out["weight"] = np.float32(item["weight"])
     return out
 
 

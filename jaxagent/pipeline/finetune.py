@@ -62,9 +62,10 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
     write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
-  items = [conversation.validate(x) | {"weight": x.get("weight", 1.0)} for x in items]
   if not items:
     raise ValueError(f"finetune {workdir}: no training samples")
+  weighted = any("weight" in x for x in items)  # one batch structure: every sample weighted, or none
+  items = [conversation.validate(x) | ({"weight": float(x.get("weight", 1.0))} if weighted else {}) for x in items]
   built = models.build(config, tokenizer)
   longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens)[0]) for it in items)
   if longest > config.data.seq_len + 1 and not truncate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -34,10 +35,11 @@ def flat_images(images: jnp.ndarray, image_mask: jnp.ndarray) -> jnp.ndarray:
 
 
 def weighted_token_nll(model, batch: dict, rng=None):
-  """−Σ_b w_b Σ_t m_bt log p_bt / Σ_bt m_bt over assistant tokens, and token accuracy; `rng` unused.
+  """Assistant-token NLL normalised per token, and token accuracy; `rng` unused.
 
-  `rl.losses.bc_nll(normalize="token")` on the model's logits: OpenWebVoyager's SFT loss (§2.5) when every
-  sample's `weight` is 1 (or absent), Digi-Q's / DigiRL's weighted actor regression (§5.5, §4.7) otherwise.
+  Unweighted samples: `masked_cross_entropy`, OpenWebVoyager's SFT loss (§2.5). Samples with a `weight`:
+  −Σ_b w_b Σ_t m_bt log p_bt / Σ_bt m_bt, `rl.losses.bc_nll(normalize="token")` on the model's log-probabilities
+  (Digi-Q's / DigiRL's weighted actor regression, §5.5, §4.7).
   """
   del rng
   if "images" in batch:
@@ -45,11 +47,14 @@ def weighted_token_nll(model, batch: dict, rng=None):
                    attention_mask=batch["attention_mask"])
   else:
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
-  tok = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["targets"])
-  mask = batch["loss_mask"].astype(jnp.float32)
   if "weight" in batch:
-    mask = mask * batch["weight"].astype(jnp.float32)[:, None]
-  count = batch["loss_mask"].astype(jnp.float32).sum()
-  loss = (tok * mask).sum() / jnp.maximum(count, 1.0)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    count = mask.sum()
+    w = batch["weight"].astype(jnp.float32)[:, None]
+    loss = -jnp.sum(jnp.where(mask > 0, tok * w, 0.0)) / jnp.maximum(count, 1.0)
+  else:
+    loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
   hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
   return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}

@@ -278,6 +278,7 @@ def _parse_click(text):
   return types.Action(types.ActionKind.CLICK, element=int(m.group(1))) if m else types.Action.invalid(text)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_fault_chromium_sigkilled_during_miniwob_rollouts(tmp_path):
 

@@ -57,6 +57,7 @@ def _alive(pid):
   return True
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   one, two = tmp_path / "one", tmp_path / "two"
   runs = [_launcher(1, 8, one), _launcher(2, 4, two)]  # concurrently: two cores, mostly compile time
@@ -72,6 +73,7 @@ def test_two_processes_match_one_process(tmp_path):
   assert (two / "checkpoints" / str(STEPS)).is_dir()
 
 
+@pytest.mark.slow
 def test_one_process_dying_stops_the_other(tmp_path):
   workdir = tmp_path / "w"
   proc, lines = _launcher(2, 4, workdir, steps=10_000)

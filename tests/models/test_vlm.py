@@ -106,6 +106,7 @@ def test_every_param_is_named():
     assert all(a is None or a in rules for a in axes), (path, axes)
 
 
+@pytest.mark.slow
 def test_tiny_vlm_learns_to_describe_its_images():
   """A few Adam steps on a fixed batch: the next-token loss on the text after the images falls."""
   cfg = vlm.VLMConfig.tiny(VOCAB)

@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from jaxagent.train.metrics import read_jsonl
 
@@ -31,6 +32,7 @@ def _losses(workdir):
   return {r["step"]: r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))}  # last wins
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
   env = _env(tmp_path / "jax_cache")
   ref, run = tmp_path / "ref", tmp_path / "run"

@@ -302,6 +302,7 @@ def test_point_features_reach_q_not_v():
     model({k: v for k, v in batch.items() if k != "prev_point"})
 
 
+@pytest.mark.slow
 def test_bag_of_words_and_points_learn_which_tap_a_goal_needs():
   """The CPU default's job at the category step: one screen, a goal naming one of 4 categories, taps at 4 heights;
   a tap succeeds iff its height is the goal's category. MC regression (the default) on the dataset action of each
@@ -368,6 +369,7 @@ def _critic_config(steps):
   return stage_config(c, c.critic)
 
 
+@pytest.mark.slow
 def test_critic_trains_on_the_shared_loop_with_a_polyak_target_and_resumes_exactly(model, tmp_path):
   """`train_critic` (Grain batches, Orbax, the target moved inside the step) reaches the chain's TD fixed point;
   a run stopped at step 150 and continued to 300 ends with the parameters (online and target) of an unbroken
