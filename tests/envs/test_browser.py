@@ -289,6 +289,7 @@ def _chromium_children():
   return out
 
 
+@pytest.mark.slow
 def test_killed_chromium_raises_then_reset_relaunches_and_close_leaves_nothing(site):
   crash_env = BrowserEnv(profile="text", observation="a11y")
   crash_env.reset(_task(site))

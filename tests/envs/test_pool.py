@@ -132,6 +132,7 @@ def test_slots_step_in_parallel_and_results_align(pool):
     pool.step([_say("a")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["raise", "die", "hang"])
 def test_crashed_dead_or_hung_worker_is_replaced_and_episode_retried(pool, tmp_path, kind):
   restarts = pool.restarts

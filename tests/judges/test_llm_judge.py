@@ -111,6 +111,7 @@ def test_cache_makes_rejudging_free(tmp_path):
     assert set(entry) == {"content", "prompt_tokens", "completion_tokens", "model"} and KEY not in json.dumps(entry)
 
 
+@pytest.mark.slow
 def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
   state = PeerState(fault_rate=0.35, seed=1234, timeout_sleep=2.0)
   expected = {}

@@ -27,6 +27,7 @@ def run(tmp_path_factory):
   return config, workdir, il.run(config, workdir)
 
 
+@pytest.mark.slow
 def test_loss_is_finite_and_falls(run):
   config, workdir, _ = run
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -67,6 +68,7 @@ def test_first_sample_preview_brackets_assistant_text(run):
   assert finetune._preview(tokenizer, arrays).endswith("Assistant:⟦ b<end_of_utterance>⟧")
 
 
+@pytest.mark.slow
 def test_starts_from_a_hugging_face_checkpoint(tmp_path):
   """`model.hf_checkpoint`: weights and tokenizer come from a local HF directory (here a Llama we export)."""
   from jaxagent.data import pipeline

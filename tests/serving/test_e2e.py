@@ -38,6 +38,7 @@ def rollout(server, tmp_path_factory):
   return policy, trajs[0], sent, store, server.engine.stats()["requests"] - before
 
 
+@pytest.mark.slow
 def test_openai_policy_acts_through_our_server(rollout):
   policy, traj, sent, _, served = rollout
   assert traj.status == "truncated" and len(traj.steps) == 2, (traj.status, traj.error)

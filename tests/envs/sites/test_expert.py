@@ -37,6 +37,7 @@ def _pick(suite, profile, template):
   return next(t for t in suite if t.profile == profile and t.template == template)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile, format_name, templates", CASES, ids=[f"{p}-{f}" for p, f, _ in CASES])
 def test_expert_solves_sample_tasks(site, test_suite, profile, format_name, templates):
   policy = expert.ScriptedExpert(format_name)
@@ -55,6 +56,7 @@ def test_expert_solves_sample_tasks(site, test_suite, profile, format_name, temp
         assert any('"action_type": "DUAL_POINT"' in s.action_text for s in traj.steps)
 
 
+@pytest.mark.slow
 def test_noisy_expert_rates_follow_its_parameters(site, test_suite):
   task = _pick(test_suite, "web", "forum_author")
   with env_lib.SiteEnv(profile="web", observation="som", oracle_targets=True, base_url=site) as env:
@@ -76,6 +78,7 @@ def test_expert_needs_oracle_observations():
     expert.ScriptedExpert("gpt5")
 
 
+@pytest.mark.slow
 def test_eight_pooled_envs_on_one_server_keep_separate_state(site, test_suite):
   """8 subprocess browsers add 8 different products to their carts on the SAME server at the same time."""
   chosen = [t for t in test_suite if t.profile == "text" and t.template == "shop_add_to_cart"][:8]
@@ -96,6 +99,7 @@ def test_eight_pooled_envs_on_one_server_keep_separate_state(site, test_suite):
         (want["product_id"], want["colour"], want["size"])]
 
 
+@pytest.mark.slow
 def test_demonstrations_store_and_openwebvoyager_samples(site, test_suite, tmp_path):
   import json
   from jaxagent.data.store import TrajectoryStore
