@@ -8,8 +8,8 @@ row, which the rollout collector parses with the same agent format. The prompt i
 `python -m jaxagent.serve`) driving the WebVoyager prompt with history clipped to the last 3 screenshots
 (`webvoyager.clip_message_and_obs`), `max_tokens=1000`, `seed=42`, the API's default temperature 1
 (WebVoyager's `run.py` parses `--temperature` but never sends it, `reference/algorithms.md` §1.4).
-Requests go through `judges.llm.LLMJudge.complete`: retries with backoff on 429/5xx/timeouts, token and
-cost accounting, keys from `judges.secrets` only (never in the config), redacted errors.
+Requests go through `openai_client.OpenAIClient`, as the LLM judges' do: retries with backoff on 429/5xx/timeouts,
+token and cost accounting, keys from `secrets` only (never in the config), redacted errors.
 
 History images: during a rollout the collector keeps each step's screenshot on `Step.observation`, not
 on disk (`Step.image_path` is set when a store writes it); both are used, so earlier turns keep their
@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
+from jaxagent import openai_client
 from jaxagent.agents import get_format
 from jaxagent.agents.base import AgentFormat
 from jaxagent.types import Observation, Step
@@ -111,12 +112,7 @@ class OpenAIPolicyConfig:
 
   @classmethod
   def from_config(cls, cfg: Any) -> "OpenAIPolicyConfig":
-    d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"OpenAI policy config: unknown key(s) {unknown}; valid keys are {sorted(names)}")
-    return cls(**d)
+    return openai_client.config_from(cls, cfg, "OpenAI policy config")
 
 
 class OpenAIPolicy:
@@ -128,8 +124,6 @@ class OpenAIPolicy:
   """
 
   def __init__(self, config: OpenAIPolicyConfig | dict | Any = None, client: Any = None):
-    from jaxagent.judges.llm import LLMJudge, LLMJudgeConfig  # pylint: disable=g-import-not-at-top
-
     self.config = config if isinstance(config, OpenAIPolicyConfig) else OpenAIPolicyConfig.from_config(config or {})
     c = self.config
     try:
@@ -138,21 +132,17 @@ class OpenAIPolicy:
       raise ValueError(f"OpenAIPolicy needs a chat agent format that clips screenshot history (e.g. "
                        f"'webvoyager_actree_image', 'webvoyager'); {c.agent_format!r} takes no max_attached_imgs"
                        ) from None
-    self._completer = LLMJudge(LLMJudgeConfig(
-        base_url=c.base_url, model=c.model, api_key_env=c.api_key_env, api_key_file=c.api_key_file,
-        max_tokens=c.max_tokens, temperature=c.temperature, seed=c.seed, timeout_s=c.timeout_s,
-        max_retries=c.max_retries, concurrency=c.concurrency, cache_dir=""), client=client)
+    self._completer = openai_client.OpenAIClient(openai_client.ClientConfig.like(c), client=client, owner="policy")
 
   @property
-  def stats(self):
-    """Requests, retries by cause, failures, tokens and cost (`judges.llm.JudgeStats`)."""
+  def stats(self) -> openai_client.UsageStats:
+    """Requests, retries by cause, failures, tokens and cost."""
     return self._completer.stats
 
   def _one(self, messages) -> str:
-    from jaxagent.judges.llm import JudgeUnavailable  # pylint: disable=g-import-not-at-top
     try:
       return self._completer.complete(messages)
-    except JudgeUnavailable as e:
+    except openai_client.CompletionUnavailable as e:
       log.warning("OpenAIPolicy: no reply (%s); the row acts on an empty text", e)
       return ""
 

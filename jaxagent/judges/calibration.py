@@ -7,7 +7,7 @@ sites every trajectory's programmatic verdict is exact, so a judge's agreement c
       --model NAME [--limit 100] [--json report.json]
 
 `DIR` is a `TrajectoryStore` whose trajectories carry `success` from the programmatic judge (the collector with
-`evaluators.ProgrammaticJudge`, e.g. `python -m jaxagent.envs.sites demos`); errored or never-judged ones are
+`evaluators.ProgrammaticJudge`, e.g. `python data_tools/site_demos.py`); errored or never-judged ones are
 skipped. Reported over the trajectories the judge gave a verdict on: accuracy, Cohen's κ (agreement beyond
 chance: κ = (p_o − p_e) / (1 − p_e), p_e = Σ_c p_ref(c)·p_judge(c); undefined, reported as null, when
 p_e = 1), the confusion matrix (rows: reference, columns: judge), and separately the number left unjudged

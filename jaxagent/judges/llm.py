@@ -16,33 +16,27 @@ Protocols (`reference/algorithms.md` §1.5, §4.5):
     the system message and the original's "Your Turn" block only. The image cache is per trajectory (the
     original shares it across emulators, which DigiRL issue #25 reports as a bug).
 
-Robustness: retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection
-errors and malformed bodies; other 4xx fail at once. A bounded thread pool judges many trajectories. A
-content-keyed on-disk cache (sha256 of model + messages + sampling) makes re-judging free. Tokens and cost
-are counted. A verdict that cannot be obtained is `Verdict(None, reason)` (unjudged), never an exception
-and never a silent 0. Keys come from `secrets.load_api_key` and every error text passes `secrets.redact`.
+Robustness: requests go through `jaxagent.openai_client` (retries with exponential backoff on 429, 5xx,
+timeouts, connection errors and malformed bodies; other 4xx fail at once; tokens and cost counted; keys from
+`secrets.load_api_key`, every error text through `secrets.redact`), with its content-keyed on-disk cache making
+re-judging free. A bounded thread pool judges many trajectories. A verdict that cannot be obtained is
+`Verdict(None, reason)` (unjudged), never an exception and never a silent 0.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import io
-import json
 import os
-import random
 import re
-import tempfile
-import threading
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from jaxagent import openai_client, secrets
 from jaxagent.agents import base as fmt_base
 from jaxagent.agents import webvoyager_prompts as P
-from jaxagent.judges import secrets
 from jaxagent.types import ActionKind, Task, Trajectory, Verdict
 
 
@@ -72,32 +66,18 @@ class LLMJudgeConfig:
   @classmethod
   def from_config(cls, cfg: Any) -> "LLMJudgeConfig":
     """From a dict or ml_collections ConfigDict; unknown keys are an error naming the valid ones."""
-    d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"LLM judge config: unknown key(s) {unknown}; valid keys are {sorted(names)}")
-    return cls(**d)
+    return openai_client.config_from(cls, cfg, "LLM judge config")
 
 
-class JudgeUnavailable(Exception):
+class JudgeUnavailable(openai_client.CompletionUnavailable):
   """No usable reply could be obtained (the reason is already redacted)."""
 
 
 @dataclasses.dataclass
-class JudgeStats:
-  requests: int = 0  # completions asked for (cache hits included)
-  cache_hits: int = 0
-  api_calls: int = 0  # HTTP attempts, retries included
-  retries: dict[str, int] = dataclasses.field(default_factory=dict)  # by cause: "429", "5xx", "timeout", ...
-  failures: dict[str, int] = dataclasses.field(default_factory=dict)  # requests given up, by last cause
-  prompt_tokens: int = 0
-  completion_tokens: int = 0
-  cost_usd: float = 0.0
-  verdicts: dict[str, int] = dataclasses.field(default_factory=dict)  # "success" | "failure" | "unjudged"
+class JudgeStats(openai_client.UsageStats):
+  """The client's usage counts and the verdicts given."""
 
-  def as_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+  verdicts: dict[str, int] = dataclasses.field(default_factory=dict)  # "success" | "failure" | "unjudged"
 
 
 # ------------------------------------------------------------------------------------------ prompts
@@ -181,118 +161,20 @@ class LLMJudge:
     self.config = config if isinstance(config, LLMJudgeConfig) else LLMJudgeConfig.from_config(config or {})
     if self.config.protocol not in ("webvoyager", "digirl"):
       raise ValueError(f"LLM judge protocol {self.config.protocol!r} is unknown; use 'webvoyager' or 'digirl'")
-    self._client = client
-    self._had_key = True
-    self._client_lock = threading.Lock()
-    self._stats_lock = threading.Lock()
     self.stats = JudgeStats()
-    self._rng = random.Random(0)
+    self._api = openai_client.OpenAIClient(openai_client.ClientConfig.like(self.config), client=client,
+                                           stats=self.stats, owner="judge")
 
-  # ---- client, stats
   def client(self):
-    with self._client_lock:
-      if self._client is None:
-        import openai  # pylint: disable=g-import-not-at-top
+    """The `openai.OpenAI` client, built (and its key looked up) on first use."""
+    return self._api.client()
 
-        key = secrets.load_api_key(self.config.api_key_env, self.config.api_key_file)
-        self._had_key = key is not None
-        base_url = self.config.base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._client = openai.OpenAI(api_key=key or "EMPTY", base_url=base_url, timeout=self.config.timeout_s,
-                                     max_retries=0)  # retries are ours, so they show in the stats
-      return self._client
-
-  def _count(self, field: str, key: str | None = None, n: float = 1) -> None:
-    with self._stats_lock:
-      if key is None:
-        setattr(self.stats, field, getattr(self.stats, field) + n)
-      else:
-        d = getattr(self.stats, field)
-        d[key] = d.get(key, 0) + int(n)
-
-  # ---- cache
-  def _request(self, messages: list[fmt_base.Message]) -> dict[str, Any]:
-    return {"model": self.config.model, "messages": fmt_base.to_openai_messages(messages, self.config.image_root),
-            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature, "seed": self.config.seed}
-
-  def _cache_path(self, request: dict[str, Any]) -> str | None:
-    if not self.config.cache_dir:
-      return None
-    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-    return os.path.join(self.config.cache_dir, key[:2], key + ".json")
-
-  @staticmethod
-  def _read_cache(path: str | None) -> dict[str, Any] | None:
-    if path is None or not os.path.exists(path):
-      return None
-    try:
-      with open(path, encoding="utf-8") as f:
-        return json.load(f)
-    except (OSError, ValueError):  # a torn or foreign file is a miss, and is rewritten
-      return None
-
-  @staticmethod
-  def _write_cache(path: str | None, entry: dict[str, Any]) -> None:
-    if path is None:
-      return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(entry, f)
-    os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
-
-  # ---- one completion, with retries
   def complete(self, messages: list[fmt_base.Message]) -> str:
     """The model's reply text; raises `JudgeUnavailable` (redacted reason) when none can be had."""
-    request = self._request(messages)
-    self._count("requests")
-    path = self._cache_path(request)
-    cached = self._read_cache(path)
-    if cached is not None:
-      self._count("cache_hits")
-      return cached["content"]
-    cause, detail = "", ""
-    for attempt in range(self.config.max_retries + 1):
-      if attempt:
-        self._count("retries", cause)
-        time.sleep(self._backoff(attempt, detail))
-      self._count("api_calls")
-      try:
-        resp = self.client().chat.completions.create(**request)
-        content = resp.choices[0].message.content
-        if not isinstance(content, str):
-          raise TypeError(f"message.content is {type(content).__name__}")
-      except Exception as e:  # pylint: disable=broad-except
-        cause, retryable, detail = _classify(e)
-        if not retryable:
-          self._count("failures", cause)
-          hint = "" if self._had_key or cause != "http_401" else (
-              f" (no API key was found: set ${self.config.api_key_env} or the judge config's api_key_file)")
-          raise JudgeUnavailable(secrets.redact(f"{cause}: {e}{hint}")) from None
-        continue
-      usage = getattr(resp, "usage", None)
-      prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-      completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-      self._count("prompt_tokens", n=prompt_tokens)
-      self._count("completion_tokens", n=completion_tokens)
-      self._count("cost_usd", n=prompt_tokens / 1000 * self.config.usd_per_1k_prompt
-                  + completion_tokens / 1000 * self.config.usd_per_1k_completion)
-      self._write_cache(path, {"content": content, "prompt_tokens": prompt_tokens,
-                               "completion_tokens": completion_tokens, "model": self.config.model})
-      return content
-    self._count("failures", cause)
-    raise JudgeUnavailable(secrets.redact(f"gave up after {self.config.max_retries + 1} attempts; last error "
-                                          f"{cause}: {detail}"))
-
-  def _backoff(self, attempt: int, retry_after: str) -> float:
-    delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1))
-    if retry_after.startswith("retry-after="):
-      try:
-        delay = min(self.config.backoff_max_s, max(delay, float(retry_after.split("=", 1)[1])))
-      except ValueError:
-        pass
-    with self._stats_lock:
-      jitter = self._rng.uniform(0, 0.25 * delay)
-    return delay + jitter
+    try:
+      return self._api.complete(messages)
+    except openai_client.CompletionUnavailable as e:
+      raise JudgeUnavailable(str(e)) from None
 
   # ---- protocols
   def evaluate(self, task: Task, trajectory: Trajectory) -> Verdict:
@@ -306,7 +188,7 @@ class LLMJudge:
     except (OSError, ValueError) as e:  # unreadable screenshots and the like: unjudged, with the reason
       verdict = Verdict(None, secrets.redact(f"unjudged: {type(e).__name__}: {e}"))
     key = "unjudged" if verdict.success is None else ("success" if verdict.success >= 1.0 else "failure")
-    self._count("verdicts", key)
+    self._api.count("verdicts", key)
     return verdict
 
   def _root(self, trajectory: Trajectory) -> str:
@@ -369,29 +251,3 @@ class LLMJudge:
     """Judge many trajectories on a bounded thread pool; the order of the result follows `pairs`."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
       return list(pool.map(lambda p: self.evaluate(*p), pairs))
-
-
-def _classify(e: Exception) -> tuple[str, bool, str]:
-  """(cause, retryable, detail) of a failed call. `detail` carries Retry-After when the server sent one."""
-  import openai  # pylint: disable=g-import-not-at-top
-
-  if isinstance(e, openai.APITimeoutError):
-    return "timeout", True, str(e)
-  if isinstance(e, openai.APIConnectionError):
-    return "connection", True, str(e)
-  if isinstance(e, openai.APIStatusError):
-    status = e.status_code
-    retry_after = ""
-    try:
-      retry_after = e.response.headers.get("retry-after", "")
-    except Exception:  # pylint: disable=broad-except
-      pass
-    detail = f"retry-after={retry_after}" if retry_after else str(e)
-    if status == 429:
-      return "429", True, detail
-    if status >= 500:
-      return "5xx", True, detail
-    return f"http_{status}", False, str(e)
-  if isinstance(e, (openai.APIResponseValidationError, ValueError, TypeError, KeyError, IndexError, AttributeError)):
-    return "malformed", True, f"{type(e).__name__}: {e}"
-  return type(e).__name__, False, str(e)

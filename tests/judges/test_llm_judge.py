@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from jaxagent import secrets
 from jaxagent.agents import base
 from jaxagent.agents import webvoyager_prompts as P
-from jaxagent.judges import llm, secrets
+from jaxagent.judges import llm
 from jaxagent.judges.llm import LLMJudge, LLMJudgeConfig
 from jaxagent.types import Action, ActionKind, Step, Task, Trajectory, Verdict
 from openai_peer import Peer, PeerState

@@ -8,8 +8,9 @@
 See README.md in this directory for the sites, the URL scheme and the suites' make-up.
 """
 
-from jaxagent.envs.sites.server import (PLACEHOLDER, SiteServer, ensure_server, episode_task, fetch_state,
-                                        new_session, reset_session, stop_server)
-from jaxagent.envs.sites.tasks import (BUNDLED_SITES, PROFILES, TaskFileError, check_site, generate, load_tasks,
-                                       select, suite_summary, validate, write_suite)
+from jaxagent.envs.sites.server import (SiteServer, ensure_server, episode_task, fetch_state, new_session,
+                                        reset_session, stop_server)
+from jaxagent.envs.sites.tasks import (PROFILES, TaskFileError, generate, load_tasks, select, suite_summary, validate,
+                                       write_suite)
+from jaxagent.envs.sites.urls import BUNDLED_SITES, PLACEHOLDER, check_site
 from jaxagent.envs.sites.loaders import load_webarena, load_webvoyager

@@ -18,8 +18,7 @@ import httpx
 import uvicorn
 
 from jaxagent.envs.sites import app as app_lib
-
-PLACEHOLDER = "__SITES__"
+from jaxagent.envs.sites.urls import PLACEHOLDER, check_site, resolve
 
 
 class SiteServer:
@@ -108,10 +107,6 @@ def new_session() -> str:
   return uuid.uuid4().hex[:16]
 
 
-def resolve(url: str, base_url: str, session: str) -> str:
-  return url.replace(PLACEHOLDER, f"{base_url.rstrip('/')}/s/{session}")
-
-
 def episode_task(task, base_url: str | None = None, session: str | None = None):
   """`task` bound to a new session on the site server (started if need be).
 
@@ -119,8 +114,7 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
   and `meta` gains `session`, `base_url` and `state_url` (the evaluators read them). Tasks of other sites
   (MiniWoB, the live web) come back unchanged.
   """
-  from jaxagent.envs.sites import tasks as tasks_lib  # noqa: PLC0415 (tasks imports this module)
-  tasks_lib.check_site(task)
+  check_site(task)
   if PLACEHOLDER not in task.start_url:
     return task
   base_url = base_url or ensure_server(task.seed)

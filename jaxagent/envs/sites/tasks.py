@@ -26,12 +26,10 @@ import random
 from typing import Any, Callable, Iterable
 
 from jaxagent.envs.sites import catalog, phone, shop
-from jaxagent.envs.sites.server import PLACEHOLDER
 from jaxagent.envs.sites.state import DEFAULT_SETTINGS
+from jaxagent.envs.sites.urls import PLACEHOLDER, check_site
 from jaxagent.types import Task
 
-BUNDLED_SITES = ("shop", "forum", "settings", "launcher")
-OTHER_SITES = ("web", "miniwob")  # the live web (WebVoyager / WebArena files) and MiniWoB++
 PROFILES = ("web", "text", "device")
 ORACLE_OPS = {"click": ("selector",), "type": ("selector", "text"), "answer": ("text",), "stop": ()}
 EVALUATOR_KINDS = ("string_match", "url_match", "state_match", "program_html", "all", "any")
@@ -332,16 +330,6 @@ def write_suite(out_dir: str, seed: int = 0, suite: dict[str, list[Task]] | None
 
 class TaskFileError(ValueError):
   """A task file is malformed; the message names the file, the line and the field."""
-
-
-def check_site(task: Task) -> None:
-  """Fails before any browser starts when the task names a site nobody serves."""
-  if task.site not in BUNDLED_SITES + OTHER_SITES:
-    raise ValueError(f"task {task.id!r}: field 'site' is {task.site!r}, which no environment serves; use one of "
-                     f"{list(BUNDLED_SITES + OTHER_SITES)}")
-  if task.site in BUNDLED_SITES and PLACEHOLDER not in task.start_url:
-    raise ValueError(f"task {task.id!r}: field 'start_url' {task.start_url!r} of a bundled site must start with "
-                     f"{PLACEHOLDER!r} (e.g. '{PLACEHOLDER}/{task.site}/') so it binds to an episode's session")
 
 
 def validate(task: Task) -> None:

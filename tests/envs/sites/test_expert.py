@@ -99,25 +99,6 @@ def test_eight_pooled_envs_on_one_server_keep_separate_state(site, test_suite):
         (want["product_id"], want["colour"], want["size"])]
 
 
-@pytest.mark.slow
-def test_demonstrations_store_and_openwebvoyager_samples(site, test_suite, tmp_path):
-  import json
-  from jaxagent.data.store import TrajectoryStore
-  from jaxagent.envs.sites import demos
-  chosen = [_pick(test_suite, "web", "forum_replies"), _pick(test_suite, "web", "shop_category_sort")]
-  out = demos.make_demos(chosen, str(tmp_path), "openwebvoyager", "web", workers=2, base_url=site)
-  assert out["episodes"] == 2 and out["successes"] == 2
-  store = TrajectoryStore(out["store"])
-  assert len(store) == 2 and all(store.read(i).success == 1.0 for i in range(2))
-  samples = json.load(open(out["il_file"]))
-  n_steps = sum(len(store.read(i).steps) for i in range(2))
-  assert len(samples) == n_steps  # one sample per step
-  last = samples[-1]
-  assert [m["from"] for m in last["conversations"]][-2:] == ["human", "gpt"]
-  assert last["conversations"][-1]["value"].startswith("Thought:") and "ANSWER" in last["conversations"][-1]["value"]
-  assert all((tmp_path / "images" / name).exists() for s in samples for name in s["images"])
-
-
 def test_site_env_rejects_an_unknown_site_before_starting_chromium():
   from jaxagent.types import Task
   env = env_lib.SiteEnv(profile="web")

@@ -58,8 +58,8 @@ def load_api_key(env_var: str = "OPENAI_API_KEY", key_file: str = "") -> str | N
       with open(path, encoding="utf-8") as f:
         key = f.readline().strip()
     except OSError as e:
-      raise ValueError(f"api key file {key_file!r} cannot be read ({e.strerror}); fix the path in the judge "
-                       f"config's key_file or set ${env_var}") from None
+      raise ValueError(f"api key file {key_file!r} cannot be read ({e.strerror}); fix the path in the config's "
+                       f"api_key_file or set ${env_var}") from None
     if not key:
       raise ValueError(f"api key file {key_file!r} is empty; put the key on its first line or set ${env_var}")
   if key:

@@ -1,25 +1,32 @@
 """Measures the scripted (or noisy) expert's success rate on a suite, through real Chromium, judged by the evaluators.
 
-  python -m jaxagent.envs.sites expert --profile web --format webvoyager --workers 2 --json web.json
-  python -m jaxagent.envs.sites expert --profile device --format autoui --epsilon 0.2 --stop-prob 0.05 --limit 100
+  python data_tools/expert_success.py --profile web --format webvoyager --workers 2 --json web.json
+  python data_tools/expert_success.py --profile device --format autoui --epsilon 0.2 --stop-prob 0.05 --limit 100
 
 Each worker process runs its own site server and browser; tasks are split among them.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import json
 import multiprocessing
+import random
+import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
+from jaxagent.envs.sites import env as env_lib
+from jaxagent.envs.sites import expert
+from jaxagent.envs.sites import tasks as tasks_lib
+from jaxagent.judges import evaluators
 from jaxagent.types import Task
 
 _worker: dict[str, Any] = {}
 
 
 def _init(profile: str, format_name: str, epsilon: float, stop_prob: float, seed: int) -> None:
-  from jaxagent.envs.sites import env as env_lib, expert  # noqa: PLC0415 (in the worker)
   if epsilon or stop_prob:
     policy = expert.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob,
                                 seed=seed * 1000 + multiprocessing.current_process()._identity[0])  # per worker
@@ -31,8 +38,6 @@ def _init(profile: str, format_name: str, epsilon: float, stop_prob: float, seed
 
 
 def _run(task_json: dict[str, Any]) -> dict[str, Any]:
-  from jaxagent.envs.sites import expert  # noqa: PLC0415
-  from jaxagent.judges import evaluators  # noqa: PLC0415
   task = Task.from_json(task_json)
   t0 = time.time()
   try:
@@ -61,3 +66,36 @@ def measure(tasks: list[Task], profile: str, format_name: str, workers: int = 2,
           "mean_steps": sum(r["steps"] for r in results) / max(1, len(results)),
           "wall_seconds": time.time() - t0,
           "failures": [r for r in results if r["success"] != 1.0]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--profile", choices=tasks_lib.PROFILES, default="web")
+  parser.add_argument("--format", default="webvoyager",
+                      help="agent format: webvoyager, openwebvoyager, webrl, autoui ...")
+  parser.add_argument("--split", default="test")
+  parser.add_argument("--tasks", default="", help="a task JSONL file instead of the generated suite")
+  parser.add_argument("--limit", type=int, default=0, help="first N tasks of a seeded shuffle (0 = all)")
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--epsilon", type=float, default=0.0)
+  parser.add_argument("--stop-prob", type=float, default=0.0)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--json", default="", help="write the full result here")
+  args = parser.parse_args(argv)
+  suite = tasks_lib.load_tasks(args.tasks) if args.tasks else tasks_lib.generate(args.seed)[args.split]
+  suite = [t for t in suite if t.profile == args.profile]
+  if args.limit:
+    random.Random(args.seed).shuffle(suite)
+    suite = suite[:args.limit]
+  result = measure(suite, args.profile, args.format, args.workers, args.epsilon, args.stop_prob, args.seed)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
+  summary = {k: v for k, v in result.items() if k != "failures"}
+  summary["failures"] = [f"{r['id']}: {r['reason'][:160]}" for r in result["failures"][:20]]
+  print(json.dumps(summary, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,6 +1,6 @@
-"""Demonstrations: the scripted expert run through the collector, saved for imitation learning.
+"""Demonstrations: the scripted expert run through the collector on the bundled sites, saved for imitation learning.
 
-  python -m jaxagent.envs.sites demos --out DIR --format openwebvoyager --profile web --limit 200 --workers 4
+  python data_tools/site_demos.py --out DIR --format openwebvoyager --profile web --limit 200 --workers 4
 
 writes `DIR/store/` (a `TrajectoryStore` of every episode, successes and failures, with screenshots) and, for
 OpenWebVoyager, the IL recipe's inputs: `DIR/owv_il.json` (conversation samples of the successful episodes,
@@ -10,15 +10,18 @@ teacher trajectories of `reference/algorithms.md` §2.3 with the oracle's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import random
+import sys
 from typing import Any, Sequence
 
 from jaxagent.agents import openwebvoyager
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.pool import EnvPool
 from jaxagent.envs.sites import expert as expert_lib
-from jaxagent.envs.sites import server
+from jaxagent.envs.sites import server, tasks as tasks_lib
 from jaxagent.judges import evaluators
 from jaxagent.rl.collector import collect
 from jaxagent.types import Task
@@ -65,3 +68,26 @@ def make_demos(tasks: Sequence[Task], out_dir: str, format_name: str = "openwebv
     with open(summary["il_file"], "w") as f:
       json.dump(samples, f, ensure_ascii=False, indent=1)
   return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--profile", choices=tasks_lib.PROFILES, default="web")
+  parser.add_argument("--format", default="openwebvoyager")
+  parser.add_argument("--split", default="train")
+  parser.add_argument("--limit", type=int, default=100)
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--epsilon", type=float, default=0.0)
+  parser.add_argument("--stop-prob", type=float, default=0.0)
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(argv)
+  suite = [t for t in tasks_lib.generate(args.seed)[args.split] if t.profile == args.profile]
+  random.Random(args.seed).shuffle(suite)
+  print(json.dumps(make_demos(suite[:args.limit], args.out, args.format, args.profile, args.workers, args.epsilon,
+                              args.stop_prob, args.seed), indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,237 @@
+"""One way to ask an OpenAI-compatible chat model, shared by the LLM judges and `policies.OpenAIPolicy`.
+
+So that judging and acting retry, count and guard keys alike:
+  * retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection errors and
+    malformed bodies; other 4xx fail at once. The `openai` client's own retries are off, so every attempt shows
+    in `stats` (retries by cause, requests given up by last cause);
+  * tokens and cost are counted;
+  * an optional content-keyed on-disk cache (sha256 of model + messages + sampling) makes asking again free;
+  * the key is looked up when the client is first used, from `$api_key_env` or `api_key_file`
+    (`secrets.load_api_key`), never from a config value, and every error text passes `secrets.redact`.
+A reply that cannot be had raises `CompletionUnavailable` with the redacted reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from typing import Any, TypeVar
+
+from jaxagent import secrets
+from jaxagent.agents import base as fmt_base
+
+_Config = TypeVar("_Config")
+
+
+def config_from(cls: type[_Config], cfg: Any, what: str) -> _Config:
+  """`cls` (a config dataclass) from a dict or ml_collections ConfigDict; unknown keys are an error naming the
+  valid ones (`what` names the config in it)."""
+  d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - names)
+  if unknown:
+    raise ValueError(f"{what}: unknown key(s) {unknown}; valid keys are {sorted(names)}")
+  return cls(**d)
+
+
+@dataclasses.dataclass
+class ClientConfig:
+  """Where and how to ask. No key in here: `api_key_env` / `api_key_file` say where to find it."""
+
+  base_url: str = ""  # "" -> $OPENAI_BASE_URL or the OpenAI API
+  model: str = "gpt-4o"
+  api_key_env: str = "OPENAI_API_KEY"
+  api_key_file: str = ""
+  max_tokens: int = 1000
+  temperature: float = 0.0
+  seed: int | None = 42
+  timeout_s: float = 60.0
+  max_retries: int = 6
+  backoff_initial_s: float = 1.0
+  backoff_max_s: float = 30.0
+  cache_dir: str = ""  # "" -> no cache
+  image_root: str = ""  # where relative image paths in the messages resolve
+  usd_per_1k_prompt: float = 0.01  # WebVoyager's cost log
+  usd_per_1k_completion: float = 0.03
+
+  @classmethod
+  def like(cls, config: Any) -> "ClientConfig":
+    """The fields a judge's or a policy's config shares with this one; the others keep their defaults."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if hasattr(config, f.name)})
+
+
+class CompletionUnavailable(Exception):
+  """No usable reply could be obtained (the reason is already redacted)."""
+
+
+@dataclasses.dataclass
+class UsageStats:
+  requests: int = 0  # completions asked for (cache hits included)
+  cache_hits: int = 0
+  api_calls: int = 0  # HTTP attempts, retries included
+  retries: dict[str, int] = dataclasses.field(default_factory=dict)  # by cause: "429", "5xx", "timeout", ...
+  failures: dict[str, int] = dataclasses.field(default_factory=dict)  # requests given up, by last cause
+  prompt_tokens: int = 0
+  completion_tokens: int = 0
+  cost_usd: float = 0.0
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+class OpenAIClient:
+  """Thread-safe completions with the retries, accounting and cache of the module docstring.
+
+  `client`: an `openai.OpenAI`-like object to use instead of building one. `stats`: where to count (a subclass
+  of `UsageStats` with more fields, counted with `count`, is fine). `owner` names the config in the hint given
+  when a request is refused and no key was found.
+  """
+
+  def __init__(self, config: ClientConfig, client: Any = None, stats: UsageStats | None = None,
+               owner: str = "client"):
+    self.config = config
+    self.stats = stats if stats is not None else UsageStats()
+    self.owner = owner
+    self._client = client
+    self._had_key = True
+    self._client_lock = threading.Lock()
+    self._stats_lock = threading.Lock()
+    self._rng = random.Random(0)
+
+  def client(self):
+    with self._client_lock:
+      if self._client is None:
+        import openai  # pylint: disable=g-import-not-at-top
+
+        key = secrets.load_api_key(self.config.api_key_env, self.config.api_key_file)
+        self._had_key = key is not None
+        base_url = self.config.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._client = openai.OpenAI(api_key=key or "EMPTY", base_url=base_url, timeout=self.config.timeout_s,
+                                     max_retries=0)  # retries are ours, so they show in the stats
+      return self._client
+
+  def count(self, field: str, key: str | None = None, n: float = 1) -> None:
+    """Adds `n` to `stats.<field>`, or to its entry `key` when the field is a dict."""
+    with self._stats_lock:
+      if key is None:
+        setattr(self.stats, field, getattr(self.stats, field) + n)
+      else:
+        d = getattr(self.stats, field)
+        d[key] = d.get(key, 0) + int(n)
+
+  # ---- cache
+  def _request(self, messages: list[fmt_base.Message]) -> dict[str, Any]:
+    return {"model": self.config.model, "messages": fmt_base.to_openai_messages(messages, self.config.image_root),
+            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature, "seed": self.config.seed}
+
+  def _cache_path(self, request: dict[str, Any]) -> str | None:
+    if not self.config.cache_dir:
+      return None
+    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    return os.path.join(self.config.cache_dir, key[:2], key + ".json")
+
+  @staticmethod
+  def _read_cache(path: str | None) -> dict[str, Any] | None:
+    if path is None or not os.path.exists(path):
+      return None
+    try:
+      with open(path, encoding="utf-8") as f:
+        return json.load(f)
+    except (OSError, ValueError):  # a torn or foreign file is a miss, and is rewritten
+      return None
+
+  @staticmethod
+  def _write_cache(path: str | None, entry: dict[str, Any]) -> None:
+    if path is None:
+      return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump(entry, f)
+    os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
+
+  # ---- one completion, with retries
+  def complete(self, messages: list[fmt_base.Message]) -> str:
+    """The model's reply text; raises `CompletionUnavailable` (redacted reason) when none can be had."""
+    request = self._request(messages)
+    self.count("requests")
+    path = self._cache_path(request)
+    cached = self._read_cache(path)
+    if cached is not None:
+      self.count("cache_hits")
+      return cached["content"]
+    cause, detail = "", ""
+    for attempt in range(self.config.max_retries + 1):
+      if attempt:
+        self.count("retries", cause)
+        time.sleep(self._backoff(attempt, detail))
+      self.count("api_calls")
+      try:
+        resp = self.client().chat.completions.create(**request)
+        content = resp.choices[0].message.content
+        if not isinstance(content, str):
+          raise TypeError(f"message.content is {type(content).__name__}")
+      except Exception as e:  # pylint: disable=broad-except
+        cause, retryable, detail = _classify(e)
+        if not retryable:
+          self.count("failures", cause)
+          hint = "" if self._had_key or cause != "http_401" else (
+              f" (no API key was found: set ${self.config.api_key_env} or the {self.owner} config's api_key_file)")
+          raise CompletionUnavailable(secrets.redact(f"{cause}: {e}{hint}")) from None
+        continue
+      usage = getattr(resp, "usage", None)
+      prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+      completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+      self.count("prompt_tokens", n=prompt_tokens)
+      self.count("completion_tokens", n=completion_tokens)
+      self.count("cost_usd", n=prompt_tokens / 1000 * self.config.usd_per_1k_prompt
+                 + completion_tokens / 1000 * self.config.usd_per_1k_completion)
+      self._write_cache(path, {"content": content, "prompt_tokens": prompt_tokens,
+                               "completion_tokens": completion_tokens, "model": self.config.model})
+      return content
+    self.count("failures", cause)
+    raise CompletionUnavailable(secrets.redact(f"gave up after {self.config.max_retries + 1} attempts; last error "
+                                               f"{cause}: {detail}"))
+
+  def _backoff(self, attempt: int, retry_after: str) -> float:
+    delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1))
+    if retry_after.startswith("retry-after="):
+      try:
+        delay = min(self.config.backoff_max_s, max(delay, float(retry_after.split("=", 1)[1])))
+      except ValueError:
+        pass
+    with self._stats_lock:
+      jitter = self._rng.uniform(0, 0.25 * delay)
+    return delay + jitter
+
+
+def _classify(e: Exception) -> tuple[str, bool, str]:
+  """(cause, retryable, detail) of a failed call. `detail` carries Retry-After when the server sent one."""
+  import openai  # pylint: disable=g-import-not-at-top
+
+  if isinstance(e, openai.APITimeoutError):
+    return "timeout", True, str(e)
+  if isinstance(e, openai.APIConnectionError):
+    return "connection", True, str(e)
+  if isinstance(e, openai.APIStatusError):
+    status = e.status_code
+    retry_after = ""
+    try:
+      retry_after = e.response.headers.get("retry-after", "")
+    except Exception:  # pylint: disable=broad-except
+      pass
+    detail = f"retry-after={retry_after}" if retry_after else str(e)
+    if status == 429:
+      return "429", True, detail
+    if status >= 500:
+      return "5xx", True, detail
+    return f"http_{status}", False, str(e)
+  if isinstance(e, (openai.APIResponseValidationError, ValueError, TypeError, KeyError, IndexError, AttributeError)):
+    return "malformed", True, f"{type(e).__name__}: {e}"
+  return type(e).__name__, False, str(e)
