@@ -101,7 +101,8 @@ class Stages:
     if not keys:
       return ""
     diffs = ", ".join(f"{k}={ran.get(k)!r} (now {self.config.get(k)!r})" for k in keys)
-    return f"; it ran with {diffs}: delete {out} to rerun it and the stages after it with the new values"
+    return (f"; it ran with {diffs}: to rerun it with the new values, delete {out} and the directories of the "
+            "finished stages after it")
 
   def table(self) -> str:
     rows = [f"  {k:<16} {v:8.1f} s" for k, v in self.times.items()]
