@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxagent.data.store import TrajectoryStore  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.pipeline import device  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.finetune import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.stages import Stages  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.proj.digiq import data  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -58,7 +59,7 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
   summary = {}
   if control in ("demos", "filtered_bc"):
     def control_actor(out):
-      items = [dict(it, weight=float(config.actor.il_weight)) for it in digiq.demo_samples(seed_dir)]
+      items = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(seed_dir)]
       info = {"il_samples": len(items)}
       if control == "filtered_bc":
         store = TrajectoryStore(os.path.join(seed_dir, "candidates", "store"))

@@ -12,6 +12,7 @@ RECIPES: dict[str, str] = {
     "il": "jaxagent.recipes.il",
     "openwebvoyager": "jaxagent.recipes.openwebvoyager",
     "digiq": "jaxagent.recipes.digiq",
+    "digirl": "jaxagent.recipes.digirl",
 }
 
 

@@ -25,16 +25,12 @@ import numpy as np
 
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.envs import sites
-from jaxagent.envs.sites.expert import ScriptedExpert
-from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.models.critic import CriticConfig
-from jaxagent.pipeline import rollout
+from jaxagent.pipeline import device
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import load_vlm_policy
 from jaxagent.pipeline.stages import Stages, write_json, write_text
-from jaxagent.pipeline.tasks import draw_episodes, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data, represent, viewer
 from jaxagent.serving.checkpoint import load_policy
@@ -55,8 +51,8 @@ LISTS = {"behaviour.splits": ("train", "test")}
 
 def run(config, workdir: str) -> dict:
   stages = Stages(workdir, "digiq", config)
-  stages.run("tasks", lambda out: stage_tasks(config, out))
-  stages.run("il", lambda out: stage_il(config, workdir, out))
+  stages.run("tasks", lambda out: device.stage_tasks(config, out))
+  stages.run("il", lambda out: device.stage_il(config, workdir, out, float(config.critic.gamma)))
   stages.run("behaviour", lambda out: stage_behaviour(config, workdir, out))
   stages.run("candidates", lambda out: stage_candidates(config, workdir, out))
   stages.run("representation", lambda out: stage_representation(config, workdir, out))
@@ -71,30 +67,16 @@ def run(config, workdir: str) -> dict:
 # ---------------------------------------------------------------------------------------- helpers
 
 
-def env_spec(config, expert: bool = False) -> dict:
-  """The phone on the bundled sites. The actor sees the raw screen and taps at points, as AitW's agents do; the
-  scripted expert also gets set-of-marks elements (not drawn) and the oracle's targets, to turn into points."""
-  if expert:
-    return rollout.site_env("device", "som", config.tasks.seed, som_draw=False, oracle_targets=True)
-  return rollout.site_env("device", "screenshot", config.tasks.seed)
-
-
 def _rollout(config, spec, policy, tasks, store_dir, name):
-  return rollout.rollout(spec, config.env, policy, tasks, store_dir, judge=ProgrammaticJudge(), name=name,
-                         gamma=float(config.critic.gamma), progress=bool(config.train.progress_bar))
+  return device.rollout(config, spec, policy, tasks, store_dir, name, gamma=float(config.critic.gamma))
 
 
 def _suite(workdir, split):
-  return read_tasks(os.path.join(workdir, "tasks", f"{split}.jsonl"))
+  return device.suite(workdir, split)
 
 
 def _store(workdir, *parts):
-  store = TrajectoryStore(os.path.join(workdir, *parts))
-  return store, [store.read(i) for i in range(len(store))]
-
-
-def il_config(config):
-  return stage_config(config, config.il)
+  return device.read_store(workdir, *parts)
 
 
 def actor_config(config):
@@ -102,32 +84,10 @@ def actor_config(config):
 
 
 def _actor(config, workdir, stage, temperature, seed):
-  return load_vlm_policy(os.path.join(workdir, stage), config, data.FORMAT, data.prompt_fn, temperature, seed)
+  return device.load_actor(config, os.path.join(workdir, stage), temperature, seed)
 
 
 # ------------------------------------------------------------------------------------------ stages
-
-
-def stage_tasks(config, out):
-  suites = sites.select(config.tasks.seed, "device", config.tasks.templates, config.tasks.max_steps)
-  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
-
-
-def demo_samples(workdir):
-  """The IL stage's samples: the expert's successful demonstration steps (images under `il/images`)."""
-  store, trajs = _store(workdir, "il", "demos")
-  return data.step_samples(trajs, store, os.path.join(workdir, "il", "images"))
-
-
-def stage_il(config, workdir, out):
-  demo_tasks = draw_episodes(_suite(workdir, "train"), int(config.demos.episodes), int(config.seed), "demo")
-  trajs = _rollout(config, env_spec(config, expert=True), ScriptedExpert("autoui"), demo_tasks,
-                   os.path.join(out, "demos"), "scripted_expert:autoui")
-  items = demo_samples(workdir)
-  if not items:
-    raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
-  finetune(il_config(config), out, items)
-  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
 
 
 def behaviour_episodes(config, workdir):
@@ -142,7 +102,7 @@ def behaviour_episodes(config, workdir):
 
 def stage_behaviour(config, workdir, out):
   actor = _actor(config, workdir, "il", config.behaviour.temperature, int(config.seed))
-  trajs = _rollout(config, env_spec(config), actor, behaviour_episodes(config, workdir), os.path.join(out, "store"),
+  trajs = _rollout(config, device.env_spec(config), actor, behaviour_episodes(config, workdir), os.path.join(out, "store"),
                    "il_actor@behaviour")
   return {"episodes": len(trajs), "success": success_rate(trajs), "steps": sum(len(t.steps) for t in trajs)}
 
@@ -192,14 +152,14 @@ def stage_actor(config, workdir, out):
   idx, adv, weight = critic_lib.best_of_n(config.actor, scores)
   picks = [(i, k, trajs[i].steps[k].candidates[int(idx[r])], weight[r])
            for r, (i, k) in enumerate(scores["rows"]) if weight[r] > 0]
-  items = data.state_samples(store, trajs, picks, os.path.join(out, "images"))
+  items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
   summary = {"states": int(len(idx)), "trained_on": len(items), "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
              "mean_adv": float(adv.mean())}
   if not items:
     summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
     return summary
   if float(config.actor.il_weight) > 0:
-    demos = [dict(it, weight=float(config.actor.il_weight)) for it in demo_samples(workdir)]
+    demos = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
     items += demos
     summary["il_samples"] = len(demos)
   finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"))
@@ -213,14 +173,9 @@ def test_episodes(config, workdir):
 
 def evaluate(config, workdir, store_dir, name, model_dir, temperature) -> dict:
   """The actor saved in `model_dir` on the test episodes, into `store_dir`: its success rate etc."""
-  actor = load_vlm_policy(model_dir, config, data.FORMAT, data.prompt_fn, temperature, int(config.eval.seed))
-  trajs = _rollout(config, env_spec(config), actor, test_episodes(config, workdir), store_dir, name)
-  return _eval_summary(trajs, temperature)
-
-
-def _eval_summary(trajs, temperature: float) -> dict:
-  return {"success_rate": success_rate(trajs), "episodes": len(trajs), "temperature": float(temperature),
-          "mean_steps": float(np.mean([len(t.steps) for t in trajs]))}
+  actor = device.load_actor(config, model_dir, temperature, int(config.eval.seed))
+  trajs = _rollout(config, device.env_spec(config), actor, test_episodes(config, workdir), store_dir, name)
+  return device.eval_summary(trajs, temperature)
 
 
 def behaviour_rollouts(config, workdir):
@@ -243,7 +198,7 @@ def stage_eval(config, workdir, out):
   writer = MetricWriter(out)
   for name, (stage, temperature) in policies.items():
     if name == "behaviour" and reused is not None:
-      results[name] = {**_eval_summary(reused, temperature), "rollouts": "behaviour stage"}
+      results[name] = {**device.eval_summary(reused, temperature), "rollouts": "behaviour stage"}
     else:
       results[name] = evaluate(config, workdir, os.path.join(out, name), name, os.path.join(workdir, stage),
                                temperature)

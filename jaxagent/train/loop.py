@@ -135,3 +135,20 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   ckpt.close()
   writer.close()
   return ckpt.path(ckpt.latest_step())
+
+
+def restore_model(config, workdir: str, model_fn: Callable[[], nnx.Module], wrt=nnx.Param) -> nnx.Module:
+  """The model of `workdir`'s latest checkpoint, as `train` saved it with this `config`, `model_fn` and `wrt`
+  (the small models trained on precomputed features: critics), on one device."""
+  tx, _ = make_optimizer(config.optim, int(config.train.steps))
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  ts = abstract_train_state(model_fn, tx, mesh, wrt=wrt)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    restored = ckpt.restore(ts.abstract_state(), jax.random.key(0))
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint to restore")
+  ts.state = restored[0]
+  return ts.model()

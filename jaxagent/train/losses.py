@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxagent.rl.losses import bc_nll
+
 
 def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, mask: jnp.ndarray):
   """Mean next-token cross-entropy over the tokens where `mask` is set.
@@ -34,6 +36,18 @@ def flat_images(images: jnp.ndarray, image_mask: jnp.ndarray) -> jnp.ndarray:
   return images.reshape(b * m, *images.shape[2:])[order]
 
 
+def _logits(model, batch: dict) -> jnp.ndarray:
+  if "images" in batch:
+    return model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),
+                 attention_mask=batch["attention_mask"])
+  return model(batch["input_ids"], attention_mask=batch["attention_mask"])
+
+
+def _accuracy(logits, batch: dict, count) -> jnp.ndarray:
+  hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
+  return hits.sum() / jnp.maximum(count, 1)
+
+
 def weighted_token_nll(model, batch: dict, rng=None):
   """Assistant-token NLL normalised per token, and token accuracy; `rng` unused.
 
@@ -42,11 +56,7 @@ def weighted_token_nll(model, batch: dict, rng=None):
   (Digi-Q's / DigiRL's weighted actor regression, §5.5, §4.7).
   """
   del rng
-  if "images" in batch:
-    logits = model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),
-                   attention_mask=batch["attention_mask"])
-  else:
-    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+  logits = _logits(model, batch)
   if "weight" in batch:
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
     tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
@@ -56,5 +66,22 @@ def weighted_token_nll(model, batch: dict, rng=None):
     loss = -jnp.sum(jnp.where(mask > 0, tok * w, 0.0)) / jnp.maximum(count, 1.0)
   else:
     loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-  hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
-  return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}
+  return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
+
+
+def sequence_nll(clamp_prob: tuple[float, float] | None = None):
+  """The loss −mean_b( w_b · Σ_t m_bt log clip(p_bt, lo, hi) ): a sequence's summed log-probability per sample,
+  `rl.losses.bc_nll(normalize="sequence")`. With `clamp_prob=(1e-3, 0.99)` it is DigiRL's and Filtered BC's actor
+  loss (§4.7, `digirl/algorithms/digirl/trainer.py:actor_loss`, `get_log_prob`'s clamp); `w_b` is the sample's
+  `weight` (1 without one)."""
+  def loss_fn(model, batch: dict, rng=None):
+    del rng
+    logits = _logits(model, batch)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    loss = bc_nll(tok, mask, batch.get("weight"), clamp_prob=clamp_prob, normalize="sequence")
+    count = mask.sum()
+    return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
+
+  return loss_fn

@@ -7,7 +7,7 @@ from jaxagent import types
 from jaxagent.data import conversation
 from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.pipeline.policy import VLMPolicy, render_prompt
-from jaxagent.proj.digiq import data as digiq_data
+from jaxagent.pipeline import device as digiq_data
 from jaxagent.serving.checkpoint import random_policy
 from jaxagent.serving.engine import Engine
 

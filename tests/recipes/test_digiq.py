@@ -18,6 +18,7 @@ import pytest
 from configs import digiq as digiq_config
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.pipeline.stages import DONE
 from jaxagent.proj.digiq import critic as critic_lib
@@ -114,8 +115,8 @@ def test_behaviour_episodes_come_from_the_named_splits(tmp_path):
   config = digiq_config.get_config("smoke")
   config.behaviour.episodes = 24
   workdir = str(tmp_path)
-  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
-  splits = {name: {t.id for t in digiq._suite(workdir, name)} for name in ("train", "test")}
+  device.stage_tasks(config, os.path.join(workdir, "tasks"))
+  splits = {name: {t.id for t in device.suite(workdir, name)} for name in ("train", "test")}
   base = lambda: {t.id.split("@")[0] for t in digiq.behaviour_episodes(config, workdir)}
   assert base() == splits["test"]
   config.behaviour.splits = "train"
@@ -128,7 +129,7 @@ def test_behaviour_episodes_on_the_test_split_are_the_evaluations(tmp_path):
   config = digiq_config.get_config("smoke")
   config.eval.episodes, config.behaviour.episodes = 5, 7
   workdir = str(tmp_path)
-  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
+  device.stage_tasks(config, os.path.join(workdir, "tasks"))
   evaluation = [t.id for t in digiq.test_episodes(config, workdir)]
   assert [t.id for t in digiq.behaviour_episodes(config, workdir)][:5] == evaluation  # the same draw, and more
   config.behaviour.splits = "train,test"
@@ -140,7 +141,7 @@ def test_eval_reuses_behaviour_rollouts_only_when_they_cover_every_episode(tmp_p
   config = digiq_config.get_config("smoke")
   config.eval.episodes = 3
   workdir = str(tmp_path)
-  digiq.stage_tasks(config, os.path.join(workdir, "tasks"))
+  device.stage_tasks(config, os.path.join(workdir, "tasks"))
   episodes = digiq.test_episodes(config, workdir)
   store = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
   for task, success in zip(reversed(episodes[1:]), (1.0, 0.0)):  # stored out of order, one missing

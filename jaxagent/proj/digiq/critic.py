@@ -9,7 +9,6 @@ mesh, Orbax checkpoints (a killed stage resumes) and TensorBoard are the ones ev
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import jax
@@ -168,19 +167,7 @@ def train_critic(config, workdir: str, data: Mapping[str, np.ndarray], cfg: Crit
 
 def restore(config, workdir: str, model_fn) -> CriticWithTarget:
   """The critic of `workdir`'s latest checkpoint."""
-  from jaxagent import sharding  # pylint: disable=g-import-not-at-top
-  from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
-  from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
-  from jaxagent.train.state import abstract_train_state  # pylint: disable=g-import-not-at-top
-  tx, _ = make_optimizer(config.optim, int(config.train.steps))
-  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-  ts = abstract_train_state(model_fn, tx, mesh, wrt=ONLINE)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  try:
-    ts.state = ckpt.restore(ts.abstract_state(), jax.random.key(0))[0]
-  finally:
-    ckpt.close()
-  return ts.model()
+  return loop.restore_model(config, workdir, model_fn, wrt=ONLINE)
 
 
 def score_candidates(critic: DigiQCritic, data: Mapping[str, np.ndarray], batch: int = 256

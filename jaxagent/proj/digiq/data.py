@@ -1,70 +1,16 @@
-"""Digi-Q's samples: the AutoUI prompt the VLM sees, demonstrations and chosen states as training samples, and the
-N−1 extra candidate actions per state (`reference/algorithms.md` §5.1 steps 2–4, §5.5).
-
-The VLM sees the 1/4-resolution screenshot (Digi-Q's `smaller_images/`) and the AutoUI prompt
-(`Previous Actions: … Goal: …</s>`), as one human turn `<image>\\n<prompt>`; the same turn is what it is
-trained on (`sample`) and prompted with when acting (`prompt_fn`, through `pipeline.policy.VLMPolicy`).
-"""
+"""Digi-Q's data: the N−1 extra candidate actions per state (`reference/algorithms.md` §5.1 step 4) and the
+Filtered BC control's samples (§5.8). The AutoUI prompt and samples are the device recipes' shared
+`pipeline.device`."""
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from jaxagent import types
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.pipeline.device import downscale, state_samples, turn
 from jaxagent.pipeline.rollout import stored_ids
-from jaxagent.pipeline.stages import save_png
-from jaxagent.proj.digiq.screens import downscale
-
-FORMAT = autoui.AutoUI()
-
-
-def turn(prompt: str) -> list[dict]:
-  """The one human turn: the screen's image, then the AutoUI prompt."""
-  return [{"from": "human", "value": f"{IMAGE_TOKEN}\n{prompt}"}]
-
-
-def prompt_fn(observation: types.Observation, history: Sequence[types.Step]) -> tuple[list[dict], list]:
-  """`VLMPolicy`'s prompt: the AutoUI prompt of this step over the 1/4 screenshot."""
-  return turn(FORMAT.build_prompt(observation.intent, observation, history)), [downscale(observation.screenshot)]
-
-
-def sample(sample_id: str, image_path: str, prompt: str, answer: str, weight: float = 1.0) -> dict:
-  """A training sample: `turn(prompt)` → the action string, weighted."""
-  return {"id": sample_id, "images": [image_path], "weight": float(weight),
-          "conversations": turn(prompt) + [{"from": "gpt", "value": answer}]}
-
-
-def step_samples(trajs: Sequence[types.Trajectory], store: TrajectoryStore, image_dir: str,
-                 only_success: bool = True) -> list[dict]:
-  """A sample of every step of (the successful) `trajs`, its 1/4 screenshot written under `image_dir`."""
-  os.makedirs(image_dir, exist_ok=True)
-  items = []
-  for traj in trajs:
-    if only_success and traj.success != 1.0:
-      continue
-    for s in traj.steps:
-      if not s.image_path or not s.action_text:
-        continue
-      name = f"{traj.meta.get('episode_id', traj.task.id)}-{s.step}.png".replace("/", "_")
-      path = save_png(os.path.join(image_dir, name), downscale(store.load_image(s.image_path)))
-      items.append(sample(f"{traj.task.id}-{s.step}", path, s.obs_text, s.action_text))
-  return items
-
-
-def state_samples(store: TrajectoryStore, trajs: Sequence[types.Trajectory], picks, image_dir: str) -> list[dict]:
-  """Samples of dataset states: for each pick (trajectory i, step k, action string, weight) the state's
-  1/4 screenshot (written under `image_dir`), its AutoUI prompt and that action."""
-  os.makedirs(image_dir, exist_ok=True)
-  items = []
-  for i, k, action, weight in picks:
-    step = trajs[i].steps[k]
-    path = save_png(os.path.join(image_dir, f"{i}-{k}.png"), downscale(store.load_image(step.image_path)))
-    items.append(sample(f"{i}-{k}", path, step.obs_text, action, weight))
-  return items
 
 
 def filtered_bc_samples(store: TrajectoryStore, trajs: Sequence[types.Trajectory], image_dir: str) -> list[dict]:

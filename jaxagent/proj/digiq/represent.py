@@ -24,6 +24,7 @@ from flax import nnx
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.data import conversation
+from jaxagent.pipeline import device
 from jaxagent.pipeline.policy import render_prompt
 from jaxagent.proj.digiq import screens as digiq_data
 
@@ -33,11 +34,6 @@ def _answer_hidden(model, ids, mask, images):
   hidden, _ = model.hidden_states(ids, images=images, attention_mask=mask)
   last = jnp.sum(mask, -1) - 1
   return hidden[jnp.arange(hidden.shape[0]), last].astype(jnp.float32)
-
-
-@nnx.jit
-def _image_features(model, images):
-  return jnp.mean(model.image_features(images), axis=1).astype(jnp.float32)
 
 
 class Encoder:
@@ -75,13 +71,7 @@ class Encoder:
 
   def images(self, screens: Sequence[np.ndarray]) -> np.ndarray:
     """[len(screens), hidden] mean-pooled vision features of the 1/4 screenshots."""
-    out = []
-    for start in range(0, len(screens), self.batch):
-      chunk = [digiq_data.downscale(s) for s in screens[start:start + self.batch]]
-      pix = np.zeros((self.batch,) + self._pixels(chunk[:1]).shape[1:], np.float32)
-      pix[:len(chunk)] = self._pixels(chunk)
-      out.append(np.asarray(_image_features(self.loaded.model, pix))[:len(chunk)])
-    return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+    return device.screen_features(self.loaded, screens, self.batch)
 
   def _pixels(self, images) -> np.ndarray:
     return np.asarray(self.loaded.preprocess(list(images)), np.float32)

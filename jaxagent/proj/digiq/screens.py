@@ -26,32 +26,12 @@ from PIL import Image, ImageDraw
 
 from jaxagent import types
 from jaxagent.agents import autoui
+from jaxagent.pipeline.device import DOWNSCALE, ImageLike, downscale
+from jaxagent.pipeline.device import to_pil as _to_pil
 
 SCREEN_CHANGE_THRESHOLD = 30.0  # §5.2, `judge`: `diff > 30`
-DOWNSCALE = 0.25  # §5.1 step 2 and 5: 1/4-resolution copies
 SEED_ICON_SIZE = 250  # §5.1 step 5: the click icon is pasted at 250×250 px ...
 SEED_SCREEN_WIDTH = 1080  # ... on the emulator's full-resolution screenshots (assumed 1080 px wide)
-
-ImageLike = Any  # np.ndarray [H, W, 3] uint8 | PIL.Image.Image | a path
-
-
-def _to_pil(image: ImageLike) -> Image.Image:
-  if isinstance(image, Image.Image):
-    return image.convert("RGB")
-  if isinstance(image, (str, os.PathLike)):
-    with Image.open(image) as im:
-      return im.convert("RGB")
-  arr = np.asarray(image)
-  if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-    raise ValueError(f"screenshot: expected uint8 [H, W, 3|4], got {arr.dtype} {arr.shape}")
-  return Image.fromarray(arr).convert("RGB")
-
-
-def downscale(image: ImageLike, factor: float = DOWNSCALE) -> np.ndarray:
-  """`img.resize((int(w * f), int(h * f)))` with PIL's default filter, as the seeds' scripts call it."""
-  img = _to_pil(image)
-  return np.asarray(img.resize((int(img.width * factor), int(img.height * factor))))
-
 
 # ----------------------------------------------------------------------------------- screen change
 

@@ -1,0 +1,195 @@
+"""The AutoUI phone agent the device recipes share (Digi-Q `reference/algorithms.md` §5, DigiRL §4).
+
+  env          the bundled sites' phone profile: the actor sees the raw screen and taps at points, as AitW's
+               agents do; the scripted expert also gets set-of-marks elements (not drawn) and the oracle's targets
+  the prompt   the AutoUI prompt (`Previous Actions: … Goal: …</s>`) over the 1/4-resolution screenshot (the seeds'
+               `smaller_images/`), one human turn `<image>\\n<prompt>`: what the VLM is trained on (`sample`) and
+               prompted with when acting (`prompt_fn`, through `pipeline.policy.VLMPolicy`)
+  formats      `FORMAT` parses leniently (a malformed decision is an invalid no-op); `FAITHFUL` as the originals
+               run it: a decision the original's split cannot unpack is TaskImpossible and ends the episode (§4.3)
+  il           the scripted expert's demonstrations on the train tasks → the VLM fine-tuned on their successful
+               steps (both recipes start from this actor, as the seeds start from AutoUI's SFT checkpoint)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from PIL import Image
+
+from jaxagent import types
+from jaxagent.agents import autoui
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.envs import sites
+from jaxagent.envs.sites.expert import ScriptedExpert
+from jaxagent.judges.evaluators import ProgrammaticJudge
+from jaxagent.pipeline import rollout as rollout_lib
+from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.finetune import finetune
+from jaxagent.pipeline.policy import load_vlm_policy
+from jaxagent.pipeline.stages import save_png
+from jaxagent.pipeline.tasks import draw_episodes, read_tasks, success_rate, write_tasks
+
+FORMAT = autoui.AutoUI()
+FAITHFUL = autoui.AutoUI(faithful_task_impossible=True)
+PARSERS = {"lenient": FORMAT, "faithful": FAITHFUL}
+DOWNSCALE = 0.25  # Digi-Q §5.1 steps 2 and 5: 1/4-resolution copies of the screenshots
+
+ImageLike = Any  # np.ndarray [H, W, 3] uint8 | PIL.Image.Image | a path
+
+
+def to_pil(image: ImageLike) -> Image.Image:
+  if isinstance(image, Image.Image):
+    return image.convert("RGB")
+  if isinstance(image, (str, os.PathLike)):
+    with Image.open(image) as im:
+      return im.convert("RGB")
+  arr = np.asarray(image)
+  if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] not in (3, 4):
+    raise ValueError(f"screenshot: expected uint8 [H, W, 3|4], got {arr.dtype} {arr.shape}")
+  return Image.fromarray(arr).convert("RGB")
+
+
+def downscale(image: ImageLike, factor: float = DOWNSCALE) -> np.ndarray:
+  """`img.resize((int(w * f), int(h * f)))` with PIL's default filter, as the seeds' scripts call it."""
+  img = to_pil(image)
+  return np.asarray(img.resize((int(img.width * factor), int(img.height * factor))))
+
+
+# ------------------------------------------------------------------------------------------- the env
+
+
+def env_spec(config, expert: bool = False) -> dict:
+  """The phone on the bundled sites for `config.tasks.seed` (see the module doc)."""
+  if expert:
+    return rollout_lib.site_env("device", "som", config.tasks.seed, som_draw=False, oracle_targets=True)
+  return rollout_lib.site_env("device", "screenshot", config.tasks.seed)
+
+
+def stage_tasks(config, out: str) -> dict:
+  """The phone-profile (AitW action space) suites of `config.tasks.templates`, one JSON task a line per split."""
+  suites = sites.select(config.tasks.seed, "device", config.tasks.templates, config.tasks.max_steps)
+  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
+
+
+def suite(workdir: str, split: str) -> list[types.Task]:
+  """The `tasks` stage's `split` suite."""
+  return read_tasks(os.path.join(workdir, "tasks", f"{split}.jsonl"))
+
+
+def read_store(*parts: str) -> tuple[TrajectoryStore, list[types.Trajectory]]:
+  store = TrajectoryStore(os.path.join(*parts))
+  return store, [store.read(i) for i in range(len(store))]
+
+
+# -------------------------------------------------------------------------------------- the prompt
+
+
+def turn(prompt: str) -> list[dict]:
+  """The one human turn: the screen's image, then the AutoUI prompt."""
+  return [{"from": "human", "value": f"{IMAGE_TOKEN}\n{prompt}"}]
+
+
+def prompt_fn(observation: types.Observation, history: Sequence[types.Step]) -> tuple[list[dict], list]:
+  """`VLMPolicy`'s prompt: the AutoUI prompt of this step over the 1/4 screenshot."""
+  return turn(FORMAT.build_prompt(observation.intent, observation, history)), [downscale(observation.screenshot)]
+
+
+def load_actor(config, model_dir: str, temperature: float, seed: int, parse: str = "lenient"):
+  """The VLM trained in `model_dir` acting in AutoUI format, parsing its replies `parse`-ly (`PARSERS`)."""
+  return load_vlm_policy(model_dir, config, PARSERS[parse], prompt_fn, temperature, seed)
+
+
+def sample(sample_id: str, image_path: str, prompt: str, answer: str, weight: float = 1.0) -> dict:
+  """A training sample: `turn(prompt)` → the action string, weighted."""
+  return {"id": sample_id, "images": [image_path], "weight": float(weight),
+          "conversations": turn(prompt) + [{"from": "gpt", "value": answer}]}
+
+
+def step_samples(trajs: Sequence[types.Trajectory], store: TrajectoryStore, image_dir: str,
+                 only_success: bool = True) -> list[dict]:
+  """A sample of every step of (the successful) `trajs`, its 1/4 screenshot written under `image_dir`."""
+  os.makedirs(image_dir, exist_ok=True)
+  items = []
+  for traj in trajs:
+    if only_success and traj.success != 1.0:
+      continue
+    for s in traj.steps:
+      if not s.image_path or not s.action_text:
+        continue
+      name = f"{traj.meta.get('episode_id', traj.task.id)}-{s.step}.png".replace("/", "_")
+      path = save_png(os.path.join(image_dir, name), downscale(store.load_image(s.image_path)))
+      items.append(sample(f"{traj.task.id}-{s.step}", path, s.obs_text, s.action_text))
+  return items
+
+
+def state_samples(store: TrajectoryStore | Sequence[TrajectoryStore], trajs: Sequence[types.Trajectory], picks,
+                  image_dir: str) -> list[dict]:
+  """Samples of dataset states: for each pick (trajectory i, step k, action string, weight) the state's
+  1/4 screenshot (written under `image_dir`), its AutoUI prompt and that action. `store`: the trajectories'
+  store, or one per trajectory."""
+  os.makedirs(image_dir, exist_ok=True)
+  items = []
+  for i, k, action, weight in picks:
+    step = trajs[i].steps[k]
+    src = store[i] if isinstance(store, (list, tuple)) else store
+    path = save_png(os.path.join(image_dir, f"{i}-{k}.png"), downscale(src.load_image(step.image_path)))
+    items.append(sample(f"{i}-{k}", path, step.obs_text, action, weight))
+  return items
+
+
+@nnx.jit
+def _pooled_image_features(model, images):
+  return jnp.mean(model.image_features(images), axis=1).astype(jnp.float32)
+
+
+def screen_features(loaded, screens: Sequence[np.ndarray], batch: int = 32) -> np.ndarray:
+  """[len(screens), D] the VLM's projected vision features of each 1/4 screenshot, mean-pooled: the frozen image
+  features the seeds' critics read (BLIP-2's pooled ViT-g of the screen, §4.2, §5.3). Fixed-size batches (one
+  compilation); `loaded`: a `serving.checkpoint.LoadedPolicy`."""
+  out = []
+  for start in range(0, len(screens), batch):
+    chunk = [downscale(s) for s in screens[start:start + batch]]
+    pix = np.asarray(loaded.preprocess(chunk), np.float32)
+    full = np.zeros((batch,) + pix.shape[1:], np.float32)
+    full[:len(chunk)] = pix
+    out.append(np.asarray(_pooled_image_features(loaded.model, full))[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros((0, int(loaded.model.config.text.hidden_size)), np.float32)
+
+
+# ---------------------------------------------------------------------------------------- IL stage
+
+
+def rollout(config, spec, policy, tasks, store_dir, name, *, gamma: float, judge=None) -> list[types.Trajectory]:
+  """`pipeline.rollout.rollout` with the recipe's env block, judge (programmatic unless given) and progress bar."""
+  return rollout_lib.rollout(spec, config.env, policy, tasks, store_dir, judge=judge or ProgrammaticJudge(),
+                             name=name, gamma=gamma, progress=bool(config.train.progress_bar))
+
+
+def demo_samples(workdir: str) -> list[dict]:
+  """The IL stage's samples: the expert's successful demonstration steps (images under `il/images`)."""
+  store, trajs = read_store(workdir, "il", "demos")
+  return step_samples(trajs, store, os.path.join(workdir, "il", "images"))
+
+
+def stage_il(config, workdir: str, out: str, gamma: float) -> dict:
+  """`config.demos.episodes` scripted-expert demonstrations of the train tasks, then the VLM trained on their
+  successful steps with the `config.il` stage block."""
+  demo_tasks = draw_episodes(suite(workdir, "train"), int(config.demos.episodes), int(config.seed), "demo")
+  trajs = rollout(config, env_spec(config, expert=True), ScriptedExpert("autoui"), demo_tasks,
+                  os.path.join(out, "demos"), "scripted_expert:autoui", gamma=gamma)
+  items = demo_samples(workdir)
+  if not items:
+    raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
+  finetune(stage_config(config, config.il), out, items)
+  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
+
+
+def eval_summary(trajs: Sequence[types.Trajectory], temperature: float) -> dict:
+  return {"success_rate": success_rate(trajs), "episodes": len(trajs), "temperature": float(temperature),
+          "mean_steps": float(np.mean([len(t.steps) for t in trajs])) if trajs else 0.0}

@@ -1,0 +1,161 @@
+"""DigiRL end to end on the `smoke` config, through real Chromium and the bundled sites.
+
+The module fixture starts `python -m jaxagent.main --config=configs/digirl.py:smoke` in a subprocess, SIGKILLs it
+once the online phase has stored its first episode (mid `online` stage, inside an iteration), then runs the
+pipeline to the end in this process: the restarted run must keep that episode, run only the rest, and finish.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxagent import types
+from jaxagent.agents import autoui
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline import device
+from jaxagent.pipeline.config import ConfigError, validate
+from jaxagent.pipeline.stages import DONE
+from jaxagent.recipes import digirl
+from jaxagent.train.metrics import MetricWriter  # noqa: F401  (TensorBoard events are checked by file name)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _config(arg="smoke"):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("digirl_config", os.path.join(ROOT, "configs", "digirl.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def _committed(path: str) -> int:
+  if not os.path.exists(path):
+    return 0
+  with open(path, "rb") as f:
+    return sum(1 for line in f if line.endswith(b"\n"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("digirl"))
+  online = os.path.join(workdir, "online", "iter0_rollouts", "store", "episodes.jsonl")
+  env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
+  proc = subprocess.Popen([sys.executable, "-m", "jaxagent.main", "--config=configs/digirl.py:smoke",
+                           f"--workdir={workdir}"], cwd=ROOT, env=env, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 600
+  while _committed(online) < 1 and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.2)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  killed_with = _committed(online)
+  config = _config()
+  results = digirl.run(config, workdir)
+  return config, workdir, results, killed_with
+
+
+@pytest.mark.slow
+def test_killed_online_phase_resumes_without_redoing_episodes(pipeline):
+  config, workdir, _, killed_with = pipeline
+  assert killed_with >= 1, "the first run was killed before the online phase stored an episode"
+  store = TrajectoryStore(os.path.join(workdir, "online", "iter0_rollouts", "store"))
+  ids = [store.read_json(i)["task"]["id"] for i in range(len(store))]
+  assert len(ids) == config.online.episodes == len(set(ids))  # nothing lost, nothing run twice
+  for stage in digirl.STAGES:
+    assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
+  for part in ("rollouts", "critics", "actor"):
+    assert os.path.exists(os.path.join(workdir, "online", f"iter0_{part}", DONE)), part
+
+
+@pytest.mark.slow
+def test_results_report_the_four_policies_on_the_same_held_out_episodes(pipeline):
+  config, workdir, results, _ = pipeline
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved == results
+  assert list(saved) == ["il", "filtered_bc", "digirl_offline", "digirl_off2on"]
+  for name, r in saved.items():
+    assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
+    ids = [TrajectoryStore(os.path.join(workdir, "eval", name)).read_json(i)["task"]["id"]
+           for i in range(config.eval.episodes)]
+    assert sorted(ids) == sorted(t.id for t in digirl.test_episodes(config, workdir))
+  test_tasks = {t.id for t in device.suite(workdir, "test")}
+  for store_dir in ("il/demos", "offline_data/store", "online/iter0_rollouts/store"):
+    store = TrajectoryStore(os.path.join(workdir, store_dir))
+    trained_on = {store.read_json(i)["task"]["id"].split("@")[0] for i in range(len(store))}
+    assert trained_on and not trained_on & test_tasks, store_dir  # no evaluation task in any training data
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "eval")))
+
+
+@pytest.mark.slow
+def test_a_malformed_action_ended_its_episode(pipeline):
+  _, workdir, _, _ = pipeline
+  store = TrajectoryStore(os.path.join(workdir, "offline_data", "store"))
+  trajs = [store.read(i) for i in range(len(store))]
+  malformed = 0
+  for traj in trajs:
+    for k, step in enumerate(traj.steps):
+      try:
+        autoui.autoui_translate_action(step.action_text)
+      except autoui.TaskImpossibleError:
+        malformed += 1
+        assert k == len(traj.steps) - 1 and step.action.kind == types.ActionKind.IMPOSSIBLE
+  assert malformed, "the smoke actor wrote no malformed action; the test saw nothing to check"
+
+
+@pytest.mark.slow
+def test_offline_mode_trains_on_a_given_store(pipeline, tmp_path):
+  config, workdir, _, _ = pipeline
+  store = str(tmp_path / "store")
+  shutil.copytree(os.path.join(workdir, "offline_data", "store"), store)
+  other = str(tmp_path / "run")
+  shutil.copytree(os.path.join(workdir, "tasks"), os.path.join(other, "tasks"))
+  shutil.copytree(os.path.join(workdir, "il"), os.path.join(other, "il"))
+  config = _config()
+  config.mode, config.data.path = "offline", store
+  results = digirl.run(config, other)
+  assert list(results) == ["il", "filtered_bc", "digirl_offline"]
+  with open(os.path.join(other, "offline_data", DONE)) as f:
+    assert json.load(f)["source"] == store
+  assert not os.path.exists(os.path.join(other, "offline_data", "store"))
+  assert not os.path.exists(os.path.join(other, "online"))
+
+
+def test_parse_defaults_to_the_originals_rule():
+  config = _config("")
+  assert config.parse == "faithful"
+  ends = device.PARSERS[config.parse].parse("Action Plan: [TYPE] no decision here")
+  assert ends.kind == types.ActionKind.IMPOSSIBLE and ends.ends_episode
+  lenient = device.PARSERS["lenient"].parse("Action Plan: [TYPE] no decision here")
+  assert lenient.kind == types.ActionKind.INVALID and not lenient.ends_episode
+
+
+@pytest.mark.parametrize("key,value", [("mode", "offpolicy"), ("algorithm", "ppo"), ("parse", "strict"),
+                                       ("actor.advantage", "gae"), ("judge.kind", "gemini")])
+def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
+  config = _config()
+  validate(config, digirl.CHOICES, {})
+  section, _, leaf = key.rpartition(".")
+  (config[section] if section else config)[leaf] = value
+  with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+    validate(config, digirl.CHOICES, {})
+  for allowed in digirl.CHOICES[key]:
+    assert allowed in str(e.value)
+
+
+def test_filtered_bc_config_is_digirl_with_the_baseline_algorithm():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("fbc_config", os.path.join(ROOT, "configs", "filtered_bc.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  fbc, base = module.get_config("smoke"), _config()
+  assert fbc.algorithm == "filtered_bc" and base.algorithm == "digirl"
+  fbc.algorithm = "digirl"
+  assert fbc.to_dict() == base.to_dict()
