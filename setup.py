@@ -7,7 +7,7 @@ setup(
     version="0.1.0",
     description="OpenWebVoyager, WebRL, DigiRL and Digi-Q in one JAX/Flax codebase, reproducible on one CPU.",
     packages=find_packages(include=["jaxagent", "jaxagent.*"]),
-    package_data={"jaxagent": ["envs/sites/**/*", "envs/js/*", "assets/*"]},
+    package_data={"jaxagent": ["envs/sites/**/*", "envs/js/*", "assets/*", "judges/assets/digirl/*"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=[

@@ -11,10 +11,21 @@ Protocols (`reference/algorithms.md` §1.5, §4.5):
     the new screenshot (downscaled 4x) -> `Status: success|failure`; the first success ends the episode
     with reward 1 (`step_rewards` gives the per-step rewards, `evaluate` the episode's verdict).
     Skipped without a call (reward 0) when the screen did not change (pixel MSE < 0.001·255²) or matches
-    one of the first 5 judged screens (the original's cache of up to 5). SIMPLIFIED: the original sends 9
-    (general) / 11 (webshop) few-shot exemplars with their screenshots, which are not bundled here; we send
-    the system message and the original's "Your Turn" block only. The image cache is per trajectory (the
-    original shares it across emulators, which DigiRL issue #25 reports as a bug).
+    one of the first 5 judged screens (the original's cache of up to 5). The prompt is the original's
+    few-shot one (`LLMJudgeConfig.digirl_task_set`): "general" (`build_prompt_general`, 9 exemplars) or
+    "webshop" (`build_prompt_webshop`, 11 exemplars), each exemplar's Task/Q/A/Status text verbatim (typos
+    included) with its screenshot, in the original's order, laid out as `call_gemini` lays out its parts:
+    `<system>\\n=====Examples=====`, then per exemplar `\\nScreenshot:`, the image, the text; then
+    `=====Your Turn=====`, `\\nScreenshot: `, the current screenshot, the final instruction. "zero_shot" is
+    our earlier simplified prompt (system text, the "Your Turn" block and the current screenshot only).
+    The exemplar screenshots are bundled in `jaxagent/judges/assets/digirl/` (Apache-2.0, see README.txt
+    there) already downscaled 4x exactly as `process_image` downscales them at call time, so the model
+    gets the same pixels. Departures: (1) an OpenAI-compatible chat model instead of Gemini-1.5-Pro: the
+    Gemini content list becomes the parts of one user message, one part per Gemini part, in order (no
+    system role, as the original has none); (2) the current screenshot is converted to RGB before the 4x
+    downscale (the original keeps the file's mode, RGBA on Android, whose alpha is opaque); (3) the image
+    cache is per trajectory (the original shares it across emulators, which DigiRL issue #25 reports as
+    a bug); (4) a task_set other than the two is an error here (the original fails with UnboundLocalError).
 
 Robustness: requests go through `jaxagent.openai_client` (retries with exponential backoff on 429, 5xx,
 timeouts, connection errors and malformed bodies; other 4xx fail at once; tokens and cost counted; keys from
@@ -30,7 +41,7 @@ import dataclasses
 import io
 import os
 import re
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -45,6 +56,7 @@ class LLMJudgeConfig:
   """Where and how to ask. No key in here: `api_key_env` / `api_key_file` say where to find it."""
 
   protocol: str = "webvoyager"  # "webvoyager" | "digirl"
+  digirl_task_set: str = "general"  # DigiRL's few-shot prompt: "general" | "webshop" | "zero_shot"
   base_url: str = ""  # "" -> $OPENAI_BASE_URL or the OpenAI API
   model: str = "gpt-4o"
   api_key_env: str = "OPENAI_API_KEY"
@@ -62,6 +74,11 @@ class LLMJudgeConfig:
   image_root: str = ""  # where relative Step.image_path resolve (the trajectory store)
   usd_per_1k_prompt: float = 0.01  # WebVoyager's cost log
   usd_per_1k_completion: float = 0.03
+
+  def __post_init__(self):
+    if self.digirl_task_set not in DIGIRL_TASK_SETS:
+      raise ValueError(f"LLMJudgeConfig.digirl_task_set {self.digirl_task_set!r} is unknown; allowed values: "
+                       + ", ".join(repr(t) for t in DIGIRL_TASK_SETS))
 
   @classmethod
   def from_config(cls, cfg: Any) -> "LLMJudgeConfig":
@@ -104,12 +121,217 @@ DIGIRL_YOUR_TURN = ("Task: {intent}\nRespond in this format:\nQ: What should I e
                     "screenshot.>\nStatus: success or failure (don't return anything else)\nStart with \"Q:\".")
 
 
-def digirl_messages(intent: str, image: Any) -> list[fmt_base.Message]:
-  """The simplified zero-shot DigiRL prompt (see the module docstring): system text, "Your Turn" block."""
-  return [{"role": "user", "content": [
-      fmt_base.text_part(DIGIRL_SYSTEM + "\n" + "=====Your Turn=====" + "\nScreenshot: "),
-      fmt_base.image_part(image),
-      fmt_base.text_part(DIGIRL_YOUR_TURN.format(intent=intent))]}]
+DIGIRL_ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "digirl")
+
+
+class DigiRLExemplar(NamedTuple):
+  """One few-shot exemplar of DigiRL's evaluator: its screenshot (a file in `DIGIRL_ASSETS`) and its text."""
+
+  image: str
+  task: str
+  q: str
+  a: str
+  status: str
+
+  @property
+  def text(self) -> str:
+    return f"Task: {self.task}\nQ: {self.q}\nA: {self.a}\nStatus: {self.status}"
+
+  @property
+  def image_path(self) -> str:
+    return os.path.join(DIGIRL_ASSETS, self.image)
+
+
+# evaluate.py's `build_prompt_general` / `build_prompt_webshop` (commit c74ec34), verbatim and in order; the
+# `# #i` comments are the original's indices into its prompt and `cot_image_list`.
+DIGIRL_GENERAL_EXEMPLARS = (
+    DigiRLExemplar("screenshot_menu.png",  # #0
+                   "Open the settings.",
+                   "What should I expect to see on the screenshot if I've opened the settings?",
+                   "I should expect to see I'm in the settings app. The screenshot shows the home screen of a mobile "
+                   "device, with various app icons displayed, including the settings app icon, but the settings app "
+                   "is not opened.",
+                   "failure"),
+    DigiRLExemplar("screenshot_hotel.png",  # #1
+                   "Find hotels in washington dc",
+                   "What should I expect to see on the screenshot if I've searched for hotels in Washington, DC?",
+                   "I should expect to see I'm in a search results page for hotels in Washington, DC. The screenshot "
+                   'shows a Google search page with the search field populated with the query "hotels in washington '
+                   'dc" and a list of suggested searches related to hotels in Washington, DC, but it does not show '
+                   "any search results for hotels in Washington, DC.",
+                   "failure"),
+    DigiRLExemplar("screenshot_restaurant.png",  # #2
+                   "What's a good restaurant in Portland?",
+                   "What should I expect to see on the screenshot if I've searched for a good restaurant in "
+                   "Portland?",
+                   "I should expect to see I'm in a search results page for a good restaurant in Portland. The "
+                   'screenshot shows a Google search page with a search input field for "good restaurant in '
+                   'portland" and a map results preview showing business locations near Portland, like "Li Pigeon", '
+                   '"Portland City Grill", and "Higgins",',
+                   "success"),
+    DigiRLExemplar("screenshot_foodmenu.png",  # #3
+                   "What's on the menu at In-N-Out?",
+                   "What should I expect to see on the screenshot if I've searched for the menu at In-N-Out?",
+                   "I should expect to see a menu page for In-N-Out, including product names, thumbnails and prices. "
+                   'The screenshot shows a Google search page with a search input field for "In-N-Out menu" and some '
+                   "page snippets of In-N-Out indicating potential menu items, but does not actually show the actual "
+                   "menu.",
+                   "failure"),
+    DigiRLExemplar("screenshot_news.png",  # #4
+                   "What's the news in Suriname?",
+                   "What should I expect to see on the screenshot if I've searched for the news in Suriname?",
+                   "I should expect to see some news in Suriname, such as someone did something or some accident "
+                   "happens in Suriname. The screenshot shows a Google search page with a search input field for "
+                   '"Suriname news today" and some page snippets indicating potential news items, but does not '
+                   "actually show the news.",
+                   "failure"),
+    DigiRLExemplar("screenshot_weather.png",  # #5
+                   "What's the weather like in Chicago?",
+                   "What should I expect to see on the screenshot if I've searched for the weather in Chicago?",
+                   "I should expect to see some exact values like temperature, humidity, wind speed, and weather "
+                   "condition in Chicago. The screenshot shows a Google search page with a search input field for "
+                   '"weather in Chicago" and some page snippets indicating potential weather information. Although '
+                   "one page snippet contains some weather information, the information is not comprehensive enough "
+                   "to determine the weather in Chicago.",
+                   "failure"),
+    DigiRLExemplar("screenshot_alarm.png",  # #6
+                   "Set an alarm for 6pm.",
+                   "What should I expect to see on the screenshot if I've set an alarm for 6pm?",
+                   "I should expect to see some alarms including a 6pm alarm activated in the clock app. The "
+                   "screenshot shows an attempt to set an alarm for 6pm in the clock app, but the alarm is not set "
+                   "yet.",
+                   "failure"),
+    DigiRLExemplar("screenshot_frenchnews_blocked.png",  # #7
+                   "What's the news in French today?",
+                   "What should I expect to see on the screenshot if I've searched for the news in French today?",
+                   "I should expect to see some news in French today, such as someone did something or some accident "
+                   "happens in French today. The screenshot shows I'm in the website france24.com but blocked with a "
+                   "cookie consent banner.",
+                   "failure"),
+    DigiRLExemplar("screenshot_frenchnews_okay.png",  # #8
+                   "What's the news in French today?",
+                   "What should I expect to see on the screenshot if I've searched for the news in French today?",
+                   "I should expect to see some news in French today, such as someone did something or some accident "
+                   "happens in French today. The screenshot shows I'm in the website france24.com and can see the "
+                   "news, like something about the Olympic flame.",
+                   "success"),
+)
+
+DIGIRL_WEBSHOP_EXEMPLARS = (
+    DigiRLExemplar("step1_bestbuy.png",  # #0
+                   "Go to bestbuy.com",
+                   "What should I expect to see on the screenshot if I've gone to bestbuy.com?",
+                   "I should expect to see I'm in the Best Buy website, which usually shows the best buy logo with "
+                   "some featured products and categories. The screenshot shows I'm searching for \"bestbuy.com\" in "
+                   "the Google search (with some search suggestions) instead of being in the Best Buy website.",
+                   "failure"),
+    DigiRLExemplar("step1_costco.png",  # #1
+                   "Go to costco.com",
+                   "What should I expect to see on the screenshot if I've gone to costco.com?",
+                   "I should expect to see I'm in the Costco website, which usually shows the homepage with some "
+                   "featured products and categories. The screenshot shows I'm in the Costco website with some "
+                   "featured products and categories.",
+                   "success"),
+    DigiRLExemplar("step2_bestbuy.png",  # #2
+                   'Go to bestbuy.com, search for "macbook"',
+                   "What should I expect to see on the screenshot if I've gone to bestbuy.com AND searched for "
+                   '"macbook"?',
+                   "I should expect to see I'm in the Best Buy website and search results for \"macbook\". The "
+                   "screenshot shows I'm in the Best Buy website and have several search suggestions for \"macbook\", "
+                   "but it does not show search results of the product, which usually includes price and the product "
+                   "details.",
+                   "failure"),
+    DigiRLExemplar("step2_ebay.png",  # #3
+                   'Go to ebay.com, search for "corsair k70"',
+                   "What should I expect to see on the screenshot if I've gone to ebay.com AND searched for \"corsair "
+                   'k70"?',
+                   "I should expect to see I'm in the eBay website and search results for \"corsair k70\". The "
+                   "screenshot shows I'm in the eBay ebay website with some search suggestions for \"corsair k70\", "
+                   "but it does not show search results of the product, which usually includes price and the product "
+                   "details.",
+                   "failure"),
+    DigiRLExemplar("step2_walmart.png",  # #4
+                   'Go to walmart.com, search for "macbook air"',
+                   "What should I expect to see on the screenshot if I've gone to walmart.com AND searched for "
+                   '"macbook air"?',
+                   "I should expect to see I'm in the Walmart website and search results for \"razer huntsman\". The "
+                   "screenshot shows I'm in Google search with some search suggestions for \"macbook air\", not "
+                   "Walmart.",
+                   "failure"),
+    DigiRLExemplar("step2_walmart2.png",  # #5
+                   'Go to walmart.com, search for "razer huntsman"',
+                   "What should I expect to see on the screenshot if I've gone to walmart.com AND searched for "
+                   '"razer huntsman"?',
+                   "I should expect to see I'm in the Walmart website and search results for \"razer huntsman\". The "
+                   "screenshot shows I'm in the Walmart website, but there's no search results for \"razer huntsman\", "
+                   "which usually includes the product details and price.",
+                   "failure"),
+    DigiRLExemplar("step2_ebay2.png",  # #6
+                   'Go to ebay.com, search for "lenovo thinkpad"',
+                   "What should I expect to see on the screenshot if I've gone to ebay.com AND searched for \"lenovo "
+                   'thinkpad"?',
+                   "I should expect to see I'm in the eBay website and search results for \"lenovo thinkpad\". The "
+                   "screenshot shows I'm in the eBay website and have several search results for \"lenovo thinkpad\".",
+                   "success"),
+    DigiRLExemplar("step3_ebay.png",  # #7
+                   'Go to ebay.com, search for "razer thresher", select the first entry',
+                   "What should I expect to see on the screenshot if I've gone to ebay.com AND going to the first "
+                   'entry of the search results of "razer thresher"?',
+                   "I should expect to see I'm in the eBay website and detailed information of a razer thresher "
+                   "product, like a big image of the product, the price, and the product details. The screenshot "
+                   "shows I'm in the eBay website but with more than one search results for \"razer thresher\", which "
+                   "means the user has not selected the first entry of the search results.",
+                   "failure"),
+    DigiRLExemplar("step3_target.png",  # #8
+                   'Go to target.com, search for "razer kraken", and select the first entry',
+                   "What should I expect to see on the screenshot if I've gone to target.com AND gone to the first "
+                   'entry of the search results of "razer kraken"?',
+                   "I should expect to see I'm in the Target website and can see detailed information of a razer "
+                   "thresher product, like a big image of the product, the price, and the product details. The "
+                   "screenshot shows I'm in Google Search, not in the Target website.",
+                   "failure"),
+    DigiRLExemplar("step3_ebay2.png",  # #9
+                   'Go to ebay.com, search for "acer predator", and select the first entry',
+                   "What should I expect to see on the screenshot if I've gone to ebay.com AND gone to the first "
+                   'entry of the search results of "acer predator"?',
+                   "I should expect to see I'm in the eBay website with detailed information of an acer predator "
+                   "product, like a big image of the product, the price, and the product details. The screenshot "
+                   "shows I'm in the eBay website and have more than one search results for \"acer predator\", which "
+                   "means the user has not selected the first entry of the search results.",
+                   "failure"),
+    DigiRLExemplar("step3_bestbuy.png",  # #10
+                   'Go to bestbuy.com, search for "macbook", select the first entry',
+                   "What should I expect to see on the screenshot if I've gone to bestbuy.com AND gone to the first "
+                   'entry of the search results of "macbook"?',
+                   "I should expect to see I'm in the eBay website and detailed information of a macbook product, "
+                   "like a big image of the product, the price, and the product details. The screenshot shows I'm in "
+                   "the eBay website and have detailed information of Macbook Air, including the price and the "
+                   "product details.",
+                   "success"),
+)
+
+DIGIRL_EXEMPLARS = {"general": DIGIRL_GENERAL_EXEMPLARS, "webshop": DIGIRL_WEBSHOP_EXEMPLARS}
+DIGIRL_TASK_SETS = ("general", "webshop", "zero_shot")
+
+
+def digirl_messages(intent: str, image: Any, task_set: str = "general") -> list[fmt_base.Message]:
+  """DigiRL's evaluator prompt for `task_set` ("general" | "webshop": the few-shot prompts; "zero_shot": the
+  simplified one), as one OpenAI user message whose parts are `call_gemini`'s, in order (module docstring)."""
+  your_turn = fmt_base.text_part(DIGIRL_YOUR_TURN.format(intent=intent))
+  if task_set == "zero_shot":
+    return [{"role": "user", "content": [
+        fmt_base.text_part(DIGIRL_SYSTEM + "\n" + "=====Your Turn=====" + "\nScreenshot: "),
+        fmt_base.image_part(image),
+        your_turn]}]
+  if task_set not in DIGIRL_EXEMPLARS:
+    raise ValueError(f"DigiRL task_set {task_set!r} is unknown; allowed values: "
+                     + ", ".join(repr(t) for t in DIGIRL_TASK_SETS))
+  content = [fmt_base.text_part(DIGIRL_SYSTEM + "\n" + "=====Examples=====")]
+  for ex in DIGIRL_EXEMPLARS[task_set]:
+    content += [fmt_base.text_part("\nScreenshot:"), fmt_base.image_part(ex.image_path), fmt_base.text_part(ex.text)]
+  content += [fmt_base.text_part("=====Your Turn====="), fmt_base.text_part("\nScreenshot: "),
+              fmt_base.image_part(image), your_turn]
+  return [{"role": "user", "content": content}]
 
 
 def parse_digirl_status(reply: str) -> Verdict:
@@ -131,6 +353,19 @@ def _image_array(image: Any, image_root: str) -> np.ndarray:
   path = image if not image_root or os.path.isabs(image) else os.path.join(image_root, image)
   with Image.open(path) as im:
     return np.asarray(im.convert("RGB"))
+
+
+def _screens(trajectory: Trajectory, t: int) -> tuple[Any, Any]:
+  """Step t's screen before and after (a stored path, or the in-memory screenshot), None where missing."""
+  steps = trajectory.steps
+
+  def shot(obs):
+    return obs.screenshot if obs is not None and obs.screenshot is not None else None
+
+  before = steps[t].image_path or shot(steps[t].observation)
+  after = steps[t].next_image_path or (shot(steps[t + 1].observation) if t + 1 < len(steps)
+                                       else shot(trajectory.final_observation))
+  return before, after
 
 
 def _quarter(image: np.ndarray) -> bytes:
@@ -209,17 +444,20 @@ class LLMJudge:
     """DigiRL's per-step rewards: one verdict per step up to the first success (which ends the episode).
 
     A step the judge could not be asked about is `Verdict(None, reason)`; later steps are still judged.
-    Raises ValueError naming the field when a step lacks its screenshots.
+    The screens are the stored ones (`Step.image_path` / `next_image_path`) or, for an episode the collector is
+    judging before it is stored, the in-memory observations. Raises ValueError naming the field when a step
+    has neither.
     """
     threshold = 0.001 * 255 ** 2
     seen: list[np.ndarray] = []
     root = self._root(trajectory)
     out: list[Verdict] = []
     for t, step in enumerate(trajectory.steps):
-      if not step.image_path or not step.next_image_path:
+      before, after = _screens(trajectory, t)
+      if before is None or after is None:
         raise ValueError(f"step {t} lacks Step.image_path / Step.next_image_path (DigiRL judges each new screen)")
-      prev = _image_array(step.image_path, root).astype(np.float64)
-      cur_u8 = _image_array(step.next_image_path, root)
+      prev = _image_array(before, root).astype(np.float64)
+      cur_u8 = _image_array(after, root)
       cur = cur_u8.astype(np.float64)
       if prev.shape == cur.shape and np.mean((prev - cur) ** 2) < threshold:
         out.append(Verdict(0.0, f"step {t}: screen unchanged"))
@@ -230,7 +468,8 @@ class LLMJudge:
       if len(seen) < 5:
         seen.append(cur)
       try:
-        verdict = parse_digirl_status(self.complete(digirl_messages(task.intent, _quarter(cur_u8))))
+        messages = digirl_messages(task.intent, _quarter(cur_u8), self.config.digirl_task_set)
+        verdict = parse_digirl_status(self.complete(messages))
       except JudgeUnavailable as e:
         verdict = Verdict(None, f"unjudged: {e}")
       out.append(Verdict(verdict.success, f"step {t}: {verdict.reason}"))

@@ -59,7 +59,7 @@ def canned_reply(body: dict) -> str:
       return "The answer contradicts the screenshot. Verdict: NOT SUCCESS"
     return "I cannot decide from these screenshots."
   if "=====Your Turn=====" in joined:
-    task = joined.split("Task: ", 1)[1].split("\n", 1)[0]
+    task = joined.split("=====Your Turn=====", 1)[1].split("Task: ", 1)[1].split("\n", 1)[0]  # not an exemplar's
     status = "success" if "succeed" in task else "failure"
     return f"Q: What should I expect to see on the screenshot if I've done it?\nA: I see it.\nStatus: {status}"
   return "unknown request"

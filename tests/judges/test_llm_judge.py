@@ -214,7 +214,7 @@ def _digirl_traj(task_text, values, tmp_path):
 
 def test_digirl_per_step_protocol(tmp_path):
   with Peer() as peer:
-    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl"))
+    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl", digirl_task_set="zero_shot"))
     # Step 0 leaves the screen unchanged (no call); step 1 changes it: the judge says success.
     v = judge.evaluate(*_digirl_traj("please succeed", [10, 10, 90, 150], tmp_path))
     assert v == Verdict(1.0, "step 1: judge: Status: success")
@@ -238,6 +238,21 @@ def test_digirl_per_step_protocol(tmp_path):
     assert v.success is None and "Step.next_image_path" in v.reason
 
 
+def test_digirl_judges_an_unstored_episode_from_its_observations(tmp_path):
+  """The collector judges an episode before the store writes its screenshots: the in-memory screens serve."""
+  from jaxagent.types import Observation  # pylint: disable=g-import-not-at-top
+  task, traj = _digirl_traj("please succeed", [10, 10, 90], tmp_path)
+  screens = [np.full((64, 64, 3), v, np.uint8) for v in (10, 10, 90)]
+  for step, screen in zip(traj.steps, screens):
+    step.image_path = step.next_image_path = None
+    step.observation = Observation(url="", screenshot=screen)
+  traj.final_observation = Observation(url="", screenshot=screens[-1])
+  with Peer() as peer:
+    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl", digirl_task_set="zero_shot"))
+    assert [r.success for r in judge.step_rewards(task, traj)] == [0.0, 1.0]  # step 0: unchanged, no call
+    assert len(peer.state.bodies) == 1
+
+
 def test_digirl_step_left_unjudged_when_the_api_fails(tmp_path):
   with Peer(PeerState(fault_rate=1.0, faults=["429"])) as peer:
     judge = LLMJudge(_config(peer, tmp_path, protocol="digirl", max_retries=1))
@@ -253,3 +268,142 @@ def test_unreadable_screenshot_is_unjudged(tmp_path):
   with Peer() as peer:
     v = LLMJudge(_config(peer, tmp_path)).evaluate(task, traj)
     assert v.success is None and "does_not_exist.png" in v.reason and not peer.state.bodies
+
+
+# DigiRL's evaluate.py (commit c74ec34): (screenshot, Task, Status) of each exemplar, in the original's order.
+GENERAL = [
+    ("screenshot_menu.png", "Open the settings.", "failure"),
+    ("screenshot_hotel.png", "Find hotels in washington dc", "failure"),
+    ("screenshot_restaurant.png", "What's a good restaurant in Portland?", "success"),
+    ("screenshot_foodmenu.png", "What's on the menu at In-N-Out?", "failure"),
+    ("screenshot_news.png", "What's the news in Suriname?", "failure"),
+    ("screenshot_weather.png", "What's the weather like in Chicago?", "failure"),
+    ("screenshot_alarm.png", "Set an alarm for 6pm.", "failure"),
+    ("screenshot_frenchnews_blocked.png", "What's the news in French today?", "failure"),
+    ("screenshot_frenchnews_okay.png", "What's the news in French today?", "success"),
+]
+WEBSHOP = [
+    ("step1_bestbuy.png", "Go to bestbuy.com", "failure"),
+    ("step1_costco.png", "Go to costco.com", "success"),
+    ("step2_bestbuy.png", 'Go to bestbuy.com, search for "macbook"', "failure"),
+    ("step2_ebay.png", 'Go to ebay.com, search for "corsair k70"', "failure"),
+    ("step2_walmart.png", 'Go to walmart.com, search for "macbook air"', "failure"),
+    ("step2_walmart2.png", 'Go to walmart.com, search for "razer huntsman"', "failure"),
+    ("step2_ebay2.png", 'Go to ebay.com, search for "lenovo thinkpad"', "success"),
+    ("step3_ebay.png", 'Go to ebay.com, search for "razer thresher", select the first entry', "failure"),
+    ("step3_target.png", 'Go to target.com, search for "razer kraken", and select the first entry', "failure"),
+    ("step3_ebay2.png", 'Go to ebay.com, search for "acer predator", and select the first entry', "failure"),
+    ("step3_bestbuy.png", 'Go to bestbuy.com, search for "macbook", select the first entry', "success"),
+]
+SYSTEM = "You're an expert in evaluating whether the Screenshot successfully completes the Task."
+
+
+def _check_few_shot_parts(parts, expected, intent, image_of):
+  """`parts`: the user message's parts (either form); `image_of(part)` -> PIL image. The layout is
+  call_gemini's: system+Examples, then (\nScreenshot:, image, text) per exemplar, then the Your-Turn block."""
+  n = len(expected)
+  assert len(parts) == 1 + 3 * n + 4
+  assert parts[0] == {"type": "text", "text": SYSTEM + "\n=====Examples====="}
+  for i, (name, task, status) in enumerate(expected):
+    head, img, text = parts[1 + 3 * i: 4 + 3 * i]
+    assert head == {"type": "text", "text": "\nScreenshot:"}
+    assert text["type"] == "text" and text["text"].startswith(f"Task: {task}\nQ: What should I expect to see on")
+    lines = text["text"].split("\n")
+    assert len(lines) == 4 and lines[2].startswith("A: I should expect to see") and lines[3] == f"Status: {status}"
+    shown = image_of(img)
+    assert shown.size == (270, 570)  # 1080x2280 downscaled 4x, as process_image sends it
+    with Image.open(os.path.join(llm.DIGIRL_ASSETS, name)) as bundled:
+      assert np.array_equal(np.asarray(shown), np.asarray(bundled)), name
+  tail = parts[1 + 3 * n:]
+  assert tail[0] == {"type": "text", "text": "=====Your Turn====="}
+  assert tail[1] == {"type": "text", "text": "\nScreenshot: "}
+  assert tail[3]["type"] == "text" and tail[3]["text"] == (
+      f"Task: {intent}\nRespond in this format:\nQ: What should I expect to see on the screenshot if I've <repeat "
+      "the task>?\nA: I should expect to see <first expectation, then what's in the given screenshot.>\nStatus: "
+      "success or failure (don't return anything else)\nStart with \"Q:\".")
+  return image_of(tail[2])
+
+
+def test_digirl_few_shot_messages_are_the_originals():
+  current = np.full((8, 8, 3), 77, np.uint8)
+  for task_set, expected in (("general", GENERAL), ("webshop", WEBSHOP)):
+    messages = llm.digirl_messages("Open Chrome", current, task_set)
+    assert len(messages) == 1 and messages[0]["role"] == "user"
+    parts = messages[0]["content"]
+    assert [p["type"] for p in parts].count("image") == len(expected) + 1
+    assert len(llm.DIGIRL_EXEMPLARS[task_set]) == len(expected)
+
+    def image_of(part):
+      assert part["type"] == "image"
+      return Image.open(part["image"]) if isinstance(part["image"], str) else Image.fromarray(part["image"])
+
+    shown = _check_few_shot_parts(parts, expected, "Open Chrome", image_of)
+    assert np.asarray(shown)[0, 0, 0] == 77  # the current screenshot comes last
+  assert len(GENERAL) == 9 and len(WEBSHOP) == 11
+  # Verbatim, typos included (a few spot checks beyond the Task/Status lines checked above).
+  general = {e.image: e.text for e in llm.DIGIRL_GENERAL_EXEMPLARS}
+  webshop = {e.image: e.text for e in llm.DIGIRL_WEBSHOP_EXEMPLARS}
+  assert general["screenshot_restaurant.png"].endswith('"Li Pigeon", "Portland City Grill", and "Higgins",\n'
+                                                       "Status: success")
+  assert "I'm in the eBay ebay website with some search suggestions" in webshop["step2_ebay.png"]
+  assert ('search results for "razer huntsman". The screenshot shows I\'m in Google search'
+          in webshop["step2_walmart.png"])
+  assert len(set(general.values())) == 9 and len(set(webshop.values())) == 11
+  # The zero-shot prompt is the earlier simplified one.
+  zero = llm.digirl_messages("Open Chrome", current, "zero_shot")[0]["content"]
+  assert [p["type"] for p in zero] == ["text", "image", "text"]
+  assert zero[0]["text"] == SYSTEM + "\n=====Your Turn=====\nScreenshot: "
+  assert llm.digirl_messages("x", current)[0]["content"][0]["text"].endswith("=====Examples=====")  # default: general
+  with pytest.raises(ValueError, match="task_set 'shopping' is unknown; allowed values: 'general', 'webshop', "
+                                       "'zero_shot'"):
+    llm.digirl_messages("x", current, "shopping")
+
+
+def test_digirl_task_set_is_validated():
+  assert LLMJudgeConfig().digirl_task_set == "general"
+  assert LLMJudgeConfig.from_config({"protocol": "digirl", "digirl_task_set": "webshop"}).digirl_task_set == "webshop"
+  msg = r"LLMJudgeConfig.digirl_task_set 'Webshop' is unknown; allowed values: 'general', 'webshop', 'zero_shot'"
+  with pytest.raises(ValueError, match=msg):
+    LLMJudgeConfig(protocol="digirl", digirl_task_set="Webshop")
+  with pytest.raises(ValueError, match=msg):
+    LLMJudgeConfig.from_config({"protocol": "digirl", "digirl_task_set": "Webshop"})
+
+
+def test_bundled_exemplar_screenshots():
+  names = sorted(os.listdir(llm.DIGIRL_ASSETS))
+  pngs = [n for n in names if n.endswith(".png")]
+  assert sorted(pngs) == sorted(n for n, _, _ in GENERAL + WEBSHOP)
+  assert sum(os.path.getsize(os.path.join(llm.DIGIRL_ASSETS, n)) for n in names) < 1.5e6
+  with open(os.path.join(llm.DIGIRL_ASSETS, "README.txt"), encoding="utf-8") as f:
+    notice = f.read()
+  assert "github.com/DigiRL-agent/digirl" in notice and "c74ec34029eb5092bf17a64211f2d0284c7d1ba8" in notice
+  assert "Apache License 2.0" in notice and "LICENSE.txt" in names
+
+
+def test_digirl_few_shot_over_http(tmp_path):
+
+  def image_of(part):
+    assert part["type"] == "image_url"
+    url = part["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+  with Peer() as peer:
+    judge = LLMJudge(_config(peer, tmp_path, protocol="digirl"))  # the default task set: "general"
+    # Three changed screens; the first is judged a success, which ends the judging: one request only.
+    rewards = judge.step_rewards(*_digirl_traj("please succeed", [10, 90, 150, 200], tmp_path))
+    assert rewards == [Verdict(1.0, "step 0: judge: Status: success")]
+    assert len(peer.state.bodies) == 1
+    messages = peer.state.bodies[0]["messages"]
+    assert len(messages) == 1 and messages[0]["role"] == "user"
+    parts = messages[0]["content"]
+    assert [p["type"] for p in parts].count("image_url") == 10
+    shown = _check_few_shot_parts(parts, GENERAL, "please succeed", image_of)
+    assert shown.size == (16, 16) and np.asarray(shown)[0, 0, 0] == 90  # the new screen of step 0, downscaled 4x
+    # The webshop set over the same wire: its 11 exemplars' screenshots; a failure on every new screen.
+    shop = LLMJudge(_config(peer, tmp_path, protocol="digirl", digirl_task_set="webshop"))
+    v = shop.evaluate(*_digirl_traj("do it", [10, 90, 150], tmp_path))
+    assert v.success == 0.0 and "step 1: judge: Status: failure" in v.reason
+    assert len(peer.state.bodies) == 3
+    shown = _check_few_shot_parts(peer.state.bodies[2]["messages"][0]["content"], WEBSHOP, "do it", image_of)
+    assert np.asarray(shown)[0, 0, 0] == 150
