@@ -7,14 +7,11 @@ this process: the restarted run must keep the stored episode, run only the rest,
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
+import killed_run
 from configs import digiq as digiq_config
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
@@ -25,30 +22,11 @@ from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data as data_lib
 from jaxagent.recipes import digiq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _episodes_committed(path: str) -> int:
-  if not os.path.exists(path):
-    return 0
-  with open(path, "rb") as f:
-    return sum(1 for line in f if line.endswith(b"\n"))
-
-
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("digiq"))
   demos = os.path.join(workdir, "il", "demos", "episodes.jsonl")
-  env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
-  proc = subprocess.Popen([sys.executable, "-m", "jaxagent.main", "--config=configs/digiq.py:smoke",
-                           f"--workdir={workdir}"], cwd=ROOT, env=env, start_new_session=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 600
-  while _episodes_committed(demos) < 1 and proc.poll() is None and time.monotonic() < deadline:
-    time.sleep(0.2)
-  os.killpg(proc.pid, signal.SIGKILL)
-  proc.wait()
-  killed_with = _episodes_committed(demos)
+  killed_with = killed_run.run_until("configs/digiq.py:smoke", workdir, demos)
   config = digiq_config.get_config("smoke")
   results = digiq.run(config, workdir)
   return config, workdir, results, killed_with

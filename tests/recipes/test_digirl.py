@@ -8,13 +8,12 @@ pipeline to the end in this process: the restarted run must keep that episode, r
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
+import killed_run
+from configs import digirl as digirl_config
+from configs import filtered_bc as filtered_bc_config
 from jaxagent import types
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
@@ -22,40 +21,18 @@ from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.pipeline.stages import DONE
 from jaxagent.recipes import digirl
-from jaxagent.train.metrics import MetricWriter  # noqa: F401  (TensorBoard events are checked by file name)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(arg="smoke"):
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("digirl_config", os.path.join(ROOT, "configs", "digirl.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
-def _committed(path: str) -> int:
-  if not os.path.exists(path):
-    return 0
-  with open(path, "rb") as f:
-    return sum(1 for line in f if line.endswith(b"\n"))
+  return digirl_config.get_config(arg)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("digirl"))
   online = os.path.join(workdir, "online", "iter0_rollouts", "store", "episodes.jsonl")
-  env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
-  proc = subprocess.Popen([sys.executable, "-m", "jaxagent.main", "--config=configs/digirl.py:smoke",
-                           f"--workdir={workdir}"], cwd=ROOT, env=env, start_new_session=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 600
-  while _committed(online) < 1 and proc.poll() is None and time.monotonic() < deadline:
-    time.sleep(0.2)
-  os.killpg(proc.pid, signal.SIGKILL)
-  proc.wait()
-  killed_with = _committed(online)
+  killed_with = killed_run.run_until("configs/digirl.py:smoke", workdir, online)
   config = _config()
   results = digirl.run(config, workdir)
   return config, workdir, results, killed_with
@@ -151,11 +128,7 @@ def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
 
 
 def test_filtered_bc_config_is_digirl_with_the_baseline_algorithm():
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("fbc_config", os.path.join(ROOT, "configs", "filtered_bc.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  fbc, base = module.get_config("smoke"), _config()
+  fbc, base = filtered_bc_config.get_config("smoke"), _config()
   assert fbc.algorithm == "filtered_bc" and base.algorithm == "digirl"
   fbc.algorithm = "digirl"
   assert fbc.to_dict() == base.to_dict()
