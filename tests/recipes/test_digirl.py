@@ -9,12 +9,14 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import killed_run
 from configs import digirl as digirl_config
 from configs import filtered_bc as filtered_bc_config
 from jaxagent import types
+from jaxagent.types import Observation, Step, Task, Trajectory
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import device
@@ -103,6 +105,44 @@ def test_offline_mode_trains_on_a_given_store(pipeline, tmp_path):
     assert json.load(f)["source"] == store
   assert not os.path.exists(os.path.join(other, "offline_data", "store"))
   assert not os.path.exists(os.path.join(other, "online"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,algorithm,reuse,policies", [
+    ("online", "digirl", ("tasks", "il"), ["il", "digirl_online"]),
+    ("off2on", "filtered_bc", ("tasks", "il", "offline_data", "critics", "filtered_bc"),
+     ["il", "filtered_bc", "filtered_bc_off2on"]),
+])
+def test_the_other_modes_run_their_own_stages(pipeline, tmp_path, mode, algorithm, reuse, policies):
+  _, workdir, _, _ = pipeline
+  other = str(tmp_path / "run")
+  for stage in reuse:  # finished stages of the same config, reused as a rerun would
+    shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
+  config = _config()
+  config.mode, config.algorithm = mode, algorithm
+  assert list(digirl.run(config, other)) == policies
+  assert os.path.exists(os.path.join(other, "online", "iter0_actor", DONE))
+  assert os.path.exists(os.path.join(other, "online", "iter0_critics", DONE)) == (algorithm == "digirl")
+  assert not os.path.exists(os.path.join(other, "digirl_offline"))
+
+
+def test_llm_judge_is_digirls_per_step_evaluator(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(os.path.join(killed_run.ROOT, "tests", "judges"))
+  import openai_peer  # pylint: disable=g-import-not-at-top  # the real local OpenAI-compatible server of the judge tests
+  monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+  with openai_peer.Peer() as peer:
+    config = _config()
+    config.judge.kind = "llm"
+    config.judge.llm.update(base_url=peer.base_url, model="peer", digirl_task_set="general")
+    judge = digirl._judge(config, str(tmp_path))
+    assert judge.config.protocol == "digirl" and judge.config.image_root == str(tmp_path)
+    task = Task(id="t", intent="please succeed", site="shop", start_url="/", profile="device")
+    screens = [np.full((64, 64, 3), v, np.uint8) for v in (10, 200)]
+    traj = Trajectory(task, [Step(step=0, observation=Observation(url="", screenshot=screens[0]))],
+                      final_observation=Observation(url="", screenshot=screens[1]))
+    assert judge.evaluate(task, traj).success == 1.0
+    parts = peer.state.bodies[0]["messages"][0]["content"]
+    assert sum(p.get("type") == "image_url" for p in parts) == 10  # 9 general exemplars + the new screen
 
 
 def test_parse_defaults_to_the_originals_rule():
