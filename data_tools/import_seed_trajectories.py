@@ -14,7 +14,8 @@ A seed file is `torch.save(list[list[dict]])` (`reference/algorithms.md` §4.9, 
   copied into the store; otherwise the seed's path is kept in `image_path`.
 DigiRL's collector stored the NEXT screenshot under `image_path` (§5.1 step 3); for files without
 `next_image_path` the importer shifts them as Digi-Q's `redirect_image_paths.py` does, so that `image_path` is
-always the state the step acted on. Re-importing a file skips the episodes already in the store.
+always the state the step acted on, and step 0's is the reset screenshot the env saved beside the others
+(`<id>_0.png` before `<id>_1.png`; `reset_screenshot_path`). Re-importing a file skips the episodes already in the store.
 
 torch is needed only to unpickle (a test-only dependency; it is imported lazily).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import uuid
 from typing import Any, Sequence
@@ -97,12 +99,23 @@ def _read_png(path: str | None) -> np.ndarray | None:
     return np.asarray(im.convert("RGB"))
 
 
+def reset_screenshot_path(next_path: str | None) -> str | None:
+  """The episode's first screenshot, named from step 0's next one: DigiRL's env saves every observation as
+  `{temp_path}/{image_id}_{steps}.png`, the reset's with steps = 0 and step t's next with steps = t + 1
+  (`digirl/environment/android/env.py:get_obs`), so `<id>_1.png` follows `<id>_0.png`. None for other names."""
+  match = re.fullmatch(r"(.*_)(\d+)(\.png)", next_path or "")
+  if match is None or int(match.group(2)) < 1:
+    return None
+  return f"{match.group(1)}{int(match.group(2)) - 1}{match.group(3)}"
+
+
 def _image_paths(raw: list[dict[str, Any]]) -> list[tuple[str | None, str | None]]:
-  """(current, next) screenshot path per step; DigiRL files store the next one under `image_path`."""
+  """(current, next) screenshot path per step; DigiRL files store the next one under `image_path`, and the
+  first state's path is the reset screenshot's (`reset_screenshot_path`)."""
   if all("next_image_path" in s for s in raw):
     return [(s.get("image_path"), s.get("next_image_path")) for s in raw]
   nxt = [s.get("image_path") for s in raw]
-  return [(nxt[i - 1] if i else None, nxt[i]) for i in range(len(raw))]
+  return [(nxt[i - 1] if i else reset_screenshot_path(nxt[0]), nxt[i]) for i in range(len(raw))]
 
 
 def convert_trajectory(raw: list[dict[str, Any]], *, source: str, index: int, features_root: str | None,

@@ -135,7 +135,7 @@ def screen_features(config, workdir: str, store: TrajectoryStore, trajs: Sequenc
   shots, spans = [], []
   for t in trajs:
     paths = [s.image_path for s in t.steps] + [t.steps[-1].next_image_path if t.steps else None]
-    paths = [p or next((q for q in reversed(paths) if q), None) for p in paths]  # a missing final screen: the last
+    paths = [p or _nearest(paths, k) for k, p in enumerate(paths)]  # a screen not stored: its nearest neighbour's
     begin = len(shots)
     shots += [store.load_image(p) for p in paths if p]
     spans.append((begin, len(shots)))
@@ -145,6 +145,10 @@ def screen_features(config, workdir: str, store: TrajectoryStore, trajs: Sequenc
   np.savez(tmp, **{str(i): f for i, f in enumerate(out)})
   os.replace(tmp, cache)
   return out
+
+
+def _nearest(paths: Sequence[str | None], k: int) -> str | None:
+  return next((paths[j] for j in sorted(range(len(paths)), key=lambda j: (abs(j - k), -j)) if paths[j]), None)
 
 
 def offline_store(config, workdir: str) -> TrajectoryStore:

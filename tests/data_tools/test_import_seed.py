@@ -72,6 +72,7 @@ def test_import_digirl_layout_shifts_image_paths(tmp_path):
   imgs = tmp_path / "images"
   imgs.mkdir()
   raw = [_digirl_traj(imgs, "Search hotels", 3, True, 0), _digirl_traj(imgs, "Check weather", 2, False, 100)]
+  _png(imgs / "Sear_0.png", 5)  # the env's reset screenshot of the first episode (`{image_id}_0.png`); none for the other
   pt = tmp_path / "general-offline.pt"
   torch.save(raw, pt)
   store_dir = str(tmp_path / "store")
@@ -86,13 +87,17 @@ def test_import_digirl_layout_shifts_image_paths(tmp_path):
   assert t0.steps[1].info["next_observation"].startswith("Previous Actions: y")
   assert all(s.action.kind == types.ActionKind.HOME for s in t0.steps)  # parsed by agents.autoui
   assert t0.steps[0].info["trajectory_reward"] == 1.0 and t0.meta["seed_format"] == "digirl"
-  # redirected: step t acted on the screenshot saved by step t-1; step 0 has none in a DigiRL file
-  assert t0.steps[0].info["seed_image_path"] is None
+  # redirected: step t acted on the screenshot saved by step t-1; step 0 on the reset screenshot saved before it
+  assert t0.steps[0].info["seed_image_path"] == str(imgs / "Sear_0.png")
   assert t0.steps[1].info["seed_image_path"] == raw[0][0]["image_path"]
   assert t0.steps[1].info["seed_next_image_path"] == raw[0][1]["image_path"]
-  # screenshots found on disk are copied into the store: step 1 acted on the image of value 10
-  assert t0.steps[0].image_path is None
+  # screenshots found on disk are copied into the store: step 0 acted on the reset image, step 1 on value 10
+  assert store.load_image(t0.steps[0].image_path)[0, 0, 0] == 5
   assert store.load_image(t0.steps[1].image_path)[0, 0, 0] == 10
+  t1 = store.read(1)  # its reset screenshot is missing: the seed's path is kept, as for any image not found
+  assert t1.steps[0].image_path == t1.steps[0].info["seed_image_path"] == str(imgs / "Chec_0.png")
+  assert imp.reset_screenshot_path("/a/b/1716.2_1.png") == "/a/b/1716.2_0.png"
+  assert imp.reset_screenshot_path("/a/b/shot.png") is None and imp.reset_screenshot_path(None) is None
   assert store.load_image(t0.steps[2].next_image_path)[0, 0, 0] == 30
   feats = imp.load_step_features(store_dir, t0.steps[2])
   np.testing.assert_array_equal(feats["image_features"], np.full(1408, 2, np.float32))
