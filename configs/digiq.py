@@ -44,7 +44,7 @@ def get_config(arg=None):
   c.tasks.templates = "shop_category_sort"  # "" = every device family
   c.tasks.max_steps = 8  # per episode (AitW general: 10)
 
-  c.env = ml_collections.ConfigDict(dict(workers=2, step_timeout=120.0, reset_timeout=120.0))
+  c.env = config_lib.env_block(workers=2)
 
   c.demos = ml_collections.ConfigDict(dict(episodes=40))  # scripted-expert demonstrations (train tasks)
   # Short on purpose: sampled at T 1 the IL actor should both succeed and fail, as AutoUI's zero-shot data do.

@@ -53,7 +53,7 @@ def get_config(arg=None):
   c.data.num_threads = 2
 
   c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_sort", max_steps=8))
-  c.env = ml_collections.ConfigDict(dict(workers=2, step_timeout=120.0, reset_timeout=120.0))
+  c.env = config_lib.env_block(workers=2)
   c.judge = ml_collections.ConfigDict()
   c.judge.kind = "programmatic"  # programmatic | llm
   c.judge.llm = ml_collections.ConfigDict(dict(protocol="digirl", base_url="", model="gpt-4o",

@@ -53,7 +53,7 @@ def get_config(arg=None):
   c.tasks.templates = "shop_category_sort"  # "" = every web-profile family
   c.tasks.max_steps = 6  # OpenWebVoyager's max_iter is 15 (paper variant); the expert needs 4 here
 
-  c.env = ml_collections.ConfigDict(dict(workers=4, step_timeout=120.0, reset_timeout=120.0))
+  c.env = config_lib.env_block(workers=4)
 
   # Imitation data: the teacher acting on `il.queries` queries.
   c.teacher = ml_collections.ConfigDict()

@@ -2,7 +2,8 @@
 
   python data_tools/site_demos.py --out DIR --format openwebvoyager --profile web --limit 200 --workers 4
 
-writes `DIR/store/` (a `TrajectoryStore` of every episode, successes and failures, with screenshots) and, for
+writes `DIR/store/` (a `TrajectoryStore` of every episode, successes and failures, with screenshots; each episode is
+stored as it ends, and a rerun into the same DIR runs only the tasks not stored yet) and, for
 OpenWebVoyager, the IL recipe's inputs: `DIR/owv_il.json` (conversation samples of the successful episodes,
 `agents.openwebvoyager.trajectory_to_samples`) and `DIR/images/<flag>--stepNN.png`. This replaces the GPT-4o
 teacher trajectories of `reference/algorithms.md` §2.3 with the oracle's.
@@ -23,6 +24,7 @@ from jaxagent.envs.pool import EnvPool
 from jaxagent.envs.sites import expert as expert_lib
 from jaxagent.envs.sites import server, tasks as tasks_lib
 from jaxagent.judges import evaluators
+from jaxagent.pipeline.rollout import episodes, stored_ids
 from jaxagent.rl.collector import collect
 from jaxagent.types import Task
 
@@ -50,13 +52,16 @@ def make_demos(tasks: Sequence[Task], out_dir: str, format_name: str = "openwebv
           "observation": expert_lib.FORMAT_OBSERVATION[format_name], "oracle_targets": True,
           "base_url": base_url or server.ensure_server(tasks[0].seed)}
   store = TrajectoryStore(os.path.join(out_dir, "store"))
-  with EnvPool(spec, num_workers=workers, step_timeout=120, reset_timeout=120) as pool:
-    trajs = collect(pool, policy, policy.fmt.parse, tasks, judge=evaluators.ProgrammaticJudge(), progress=False,
-                    policy_name=f"scripted_expert:{format_name}")
+  todo = [t for t in tasks if t.id not in stored_ids(store)]
+  if todo:
+    with EnvPool(spec, num_workers=workers, step_timeout=120, reset_timeout=120) as pool:
+      collect(pool, policy, policy.fmt.parse, todo, store=store, judge=evaluators.ProgrammaticJudge(),
+              progress=False, policy_name=f"scripted_expert:{format_name}", keep_screenshots=False,
+              prepare=_record_observation_text)
+  by_id = {t.task.id: t for t in episodes(store, errored=True)}
+  trajs = [by_id[t.id] for t in tasks if t.id in by_id]
   samples: list[dict[str, Any]] = []
   for traj in trajs:
-    _record_observation_text(traj)
-    store.append(traj)
     if format_name == "openwebvoyager" and traj.success == 1.0 and all(s.image_path for s in traj.steps):
       flag = traj.task.id.replace("/", "_")
       samples.extend(openwebvoyager.trajectory_to_samples(traj, flag))

@@ -112,6 +112,13 @@ def vlm_model() -> ml_collections.ConfigDict:
       vision=ml_collections.ConfigDict()))
 
 
+def env_block(workers: int) -> ml_collections.ConfigDict:
+  """`config.env`, how rollouts run: `workers` browsers; a step or reset slower than its timeout (s) counts as a
+  crash; an episode stored `errored` (its browser crashed on every retry) runs again when the rollout resumes,
+  at most `errored_retries` more times, and is reported apart from failures."""
+  return ml_collections.ConfigDict(dict(workers=workers, step_timeout=120.0, reset_timeout=120.0, errored_retries=2))
+
+
 def stage(steps: int, batch_size: int, lr: float, **optim) -> ml_collections.ConfigDict:
   """A training stage's section: `train` (steps, batch_size) and `optim` (lr, and any other optimizer value
   this stage sets apart from the shared `optim` block)."""

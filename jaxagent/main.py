@@ -62,6 +62,15 @@ def _parse_flags(argv):
   return flags.FLAGS(argv)
 
 
+def coordinator_bind_address(environ=os.environ) -> str | None:
+  """Where process 0's coordinator service listens. JAX binds every interface (`[::]:port`) unless told; here it
+  binds the address the job names (`JAX_COORDINATOR_ADDRESS`: loopback for `launch.local`, process 0's own address
+  on a cluster), or `JAXAGENT_COORDINATOR_BIND` when set; None (JAX's choice) only when nothing names one."""
+  if environ.get("JAXAGENT_COORDINATOR_BIND"):
+    return environ["JAXAGENT_COORDINATOR_BIND"]
+  return environ.get("JAX_COORDINATOR_ADDRESS") or None
+
+
 def init_distributed() -> None:
   """Joins the multi-host job. JAX auto-detects SLURM, Cloud TPU, Open MPI and k8s; elsewhere (e.g.
   `launch.local`) JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID say where this process stands."""
@@ -70,6 +79,9 @@ def init_distributed() -> None:
   if "JAX_NUM_PROCESSES" in os.environ:
     kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                   process_id=int(os.environ["JAX_PROCESS_ID"]))
+  bind = coordinator_bind_address()
+  if bind:
+    kwargs["coordinator_bind_address"] = bind
   jax.distributed.initialize(**kwargs)
 
 

@@ -43,3 +43,32 @@ def test_unknown_recipe_names_the_registered_ones():
   from jaxagent import recipes
   with pytest.raises(ValueError, match="choose one of"):
     recipes.get("nope")
+
+
+_COORDINATOR_PROBE = """
+import psutil, sys
+from jaxagent.main import init_distributed
+init_distributed()
+port = int(sys.argv[1])
+print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp")
+              if c.status == psutil.CONN_LISTEN and c.laddr.port == port}))
+"""
+
+
+def test_the_jax_coordinator_listens_on_the_address_it_is_given_not_every_interface():
+  import socket
+  import subprocess
+  import sys
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "1",
+         "JAX_PROCESS_ID": "0", "JAX_PLATFORMS": "cpu"}
+  env.pop("JAXAGENT_COORDINATOR_BIND", None)
+  out = subprocess.run([sys.executable, "-c", _COORDINATOR_PROBE, str(port)], env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  import ast
+  import ipaddress
+  ips = [ipaddress.ip_address(ip) for ip in ast.literal_eval(out.stdout.strip().splitlines()[-1])]
+  assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), ips  # not [::] / 0.0.0.0

@@ -7,9 +7,15 @@ microtasks and timers it queued run) and, only if it started a navigation or ope
 `load` (plus, optionally, `networkidle`).
 
 Behaviour worth knowing:
-- Navigation is confined to the task's allowed origins (`Task.allowed_origins`, default the start URL's
-  origin; entries may be fnmatch patterns). A blocked navigation is answered with HTTP 204, so the page stays
-  where it was, and the observation's `error` says why; blocked sub-resources are aborted.
+- Navigation and every request are confined to the task's allowed origins (`Task.allowed_origins`, default the
+  start URL's origin; `*` may stand for host labels or the whole port, `jaxagent.envs.egress`). Routing answers a
+  blocked navigation with HTTP 204, so the page stays where it was, and the observation's `error` says why;
+  blocked sub-resources are aborted. Underneath, all the context's traffic goes through a loopback egress proxy
+  that connects only to allowed origins (redirect hops, WebSockets, service workers, preconnects included) and
+  answers speculative loads (speculation-rules or `<link>` prefetch and prerender) 503, so no server sees a page
+  the agent did not open; a main-frame document that commits outside the allowlist
+  anyway is left for the last allowed page. `info["blocked"]` lists the blocked navigations of a step,
+  `info["refused"]` every request or connection the proxy refused.
 - New windows/tabs: the new page becomes the active page (WebRL's behaviour, §3.3); the opener stays open.
   If the active page closes itself, the last remaining page becomes active.
 - Downloads are accepted into a per-env temp dir and listed in `obs.extra["downloads"]` / `info["downloads"]`.
@@ -28,7 +34,7 @@ Behaviour worth knowing:
 
 from __future__ import annotations
 
-import fnmatch
+import atexit
 import logging
 import os
 import pathlib
@@ -45,6 +51,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import sync_playwright
 
+from jaxagent.envs import egress, tempdirs
 from jaxagent.envs import profiles as profiles_lib
 from jaxagent.envs.observers import OBSERVERS
 from jaxagent.envs.observers import a11y as a11y_obs
@@ -103,18 +110,46 @@ class ActionFailed(Exception):
 # ------------------------------------------------------------------------------ one Playwright per process
 
 _PW_LOCK = threading.Lock()
-_PW_STATE: dict[str, Any] = {"pid": None, "pw": None, "refs": 0}
+_PW_STATE: dict[str, Any] = {"pid": None, "pw": None, "refs": 0, "tmp": None}
+def _remove_tmp_root() -> None:
+  root = _PW_STATE.get("tmp")
+  if root and _PW_STATE["pid"] == os.getpid():
+    shutil.rmtree(root, ignore_errors=True)
+    _PW_STATE["tmp"] = None
+
+
+atexit.register(_remove_tmp_root)
 
 
 def _acquire_playwright():
-  """The process's Playwright driver, started on first use (one node process serves all envs here)."""
+  """The process's Playwright driver, started on first use (one node process serves all envs here), with its
+  and its browsers' temporary files under this process's temp root."""
   with _PW_LOCK:
     if _PW_STATE["pid"] != os.getpid():  # a forked child must not reuse its parent's driver
-      _PW_STATE.update(pid=os.getpid(), pw=None, refs=0)
+      _PW_STATE.update(pid=os.getpid(), pw=None, refs=0, tmp=None)
     if _PW_STATE["pw"] is None:
-      _PW_STATE["pw"] = sync_playwright().start()
+      tempdirs.sweep_stale()
+      _PW_STATE["tmp"] = tmp_root()
+      previous = os.environ.get("TMPDIR")
+      os.environ["TMPDIR"] = _PW_STATE["tmp"]  # the driver and the Chromium it starts inherit it
+      try:
+        _PW_STATE["pw"] = sync_playwright().start()
+      finally:
+        if previous is None:
+          os.environ.pop("TMPDIR", None)
+        else:
+          os.environ["TMPDIR"] = previous
     _PW_STATE["refs"] += 1
     return _PW_STATE["pw"]
+
+
+def tmp_root() -> str:
+  """This process's browser temp root (created on first use; see `tempdirs`)."""
+  root = _PW_STATE.get("tmp") if _PW_STATE["pid"] == os.getpid() else None
+  if root is None or not os.path.isdir(root):
+    root = tempdirs.make_root()
+    _PW_STATE.update(pid=os.getpid(), tmp=root)
+  return root
 
 
 def _release_playwright() -> None:
@@ -128,6 +163,7 @@ def _release_playwright() -> None:
       except Exception:  # the driver may already be gone at interpreter shutdown
         pass
       _PW_STATE.update(pw=None, refs=0)
+      _remove_tmp_root()
 
 
 def chromium_executable(pw) -> str | None:
@@ -160,9 +196,18 @@ def origin_of(url: str) -> str:
   return f"{p.scheme}://{p.netloc}"
 
 
+def default_origins(start_url: str) -> tuple[str, ...]:
+  """A task's allowlist when it names none: its start page's origin (`file://` for a file, none for data:)."""
+  scheme = urllib.parse.urlsplit(start_url).scheme.lower()
+  if scheme == "file":
+    return (egress.FILES,)
+  return (origin_of(start_url),) if scheme in ("http", "https") else ()
+
+
 def outside_origins_regex(origins: tuple[str, ...]) -> re.Pattern:
-  """A regex (JS-compatible) matching URLs outside `origins` (fnmatch `*` allowed), except data:/blob:/about:."""
-  alternatives = "|".join(re.escape(o).replace(r"\*", "[^/]*") for o in origins)
+  """A regex (JS-compatible) matching at least every URL outside `origins`, so the driver routes only those to
+  Python, where `egress.allowed` decides exactly (a `*` never spans `@`, `:` or `/`: no userinfo tricks)."""
+  alternatives = "|".join(re.escape(o).replace(r"\*", "[A-Za-z0-9.-]*") for o in origins)
   return re.compile(rf"^(?!(?:data|blob|about):)(?!(?:{alternatives})(?:[/?#]|$))")
 
 
@@ -202,7 +247,7 @@ class BrowserEnv:
     self.wait_ms = wait_ms
     self.a11y_keep_unnamed = tuple(a11y_keep_unnamed)
     self.executable_path = executable_path
-    self.downloads_dir = pathlib.Path(tempfile.mkdtemp(prefix="jaxagent-downloads-"))
+    self.downloads_dir: pathlib.Path | None = None  # made under the process's temp root at launch
     self._pw = None
     self._browser = None
     self._browser_pid: int | None = None
@@ -216,6 +261,8 @@ class BrowserEnv:
     self._targets: dict[int, Element] = {}
     self._nav_requests = self._commits = self._nav_failed = 0
     self._blocked: list[str] = []
+    self._proxy: egress.EgressProxy | None = None
+    self._last_allowed_url = ""
     self._new_pages: list[Any] = []
     self._pending_downloads: list[Any] = []
     self._downloads: list[str] = []
@@ -242,6 +289,8 @@ class BrowserEnv:
     self._shutdown_browser()
     if self._pw is None:
       self._pw = _acquire_playwright()
+    if self.downloads_dir is None or not self.downloads_dir.is_dir():
+      self.downloads_dir = pathlib.Path(tempfile.mkdtemp(prefix="downloads-", dir=tmp_root()))
     before = _browser_pids()
     args = [f for f in CHROMIUM_FLAGS if self.headless or f != "--headless"]
     self._browser = self._pw.chromium.launch(
@@ -277,7 +326,12 @@ class BrowserEnv:
     if self._pw is not None:
       self._pw = None
       _release_playwright()
-    shutil.rmtree(self.downloads_dir, ignore_errors=True)
+    if self._proxy is not None:
+      self._proxy.close()
+      self._proxy = None
+    if self.downloads_dir is not None:
+      shutil.rmtree(self.downloads_dir, ignore_errors=True)
+      self.downloads_dir = None
 
   def __enter__(self):
     return self
@@ -329,6 +383,7 @@ class BrowserEnv:
     self._task = task
     self._steps = 0
     self._done = False
+    self._leave_forbidden_page()
     obs = self._observe_settled()
     obs.error = self._blocked_message()
     return obs
@@ -359,6 +414,7 @@ class BrowserEnv:
         raise BrowserCrashed(f"{self._crash_reason()} during {action.kind.value}: {e}") from e
       error, detail = FAIL_OBS, str(e).splitlines()[0]
     try:
+      self._leave_forbidden_page()
       self._collect_downloads()
       reward, env_done, extra = self._reward_done()
       done = action.ends_episode or env_done
@@ -375,6 +431,7 @@ class BrowserEnv:
     self._done = done or truncated
     info = {"url": obs.url, "error": error, "error_detail": detail, "answer": answer, "steps": self._steps,
             "truncated": truncated, "downloads": list(self._downloads), "blocked": list(self._blocked),
+            "refused": self._proxy.take_refused() if self._proxy is not None else [],
             "warning": self._warning, **extra}
     return obs, reward, self._done, info
 
@@ -408,9 +465,17 @@ class BrowserEnv:
     self._targets = {}
     self._page_crashed = False
     self._blocked, self._new_pages, self._pending_downloads, self._downloads = [], [], [], []
-    self._origins = tuple(task.allowed_origins) or (origin_of(task.start_url),)
+    self._origins = tuple(task.allowed_origins) or default_origins(task.start_url)
+    if self._proxy is None:
+      self._proxy = egress.EgressProxy()
+    self._proxy.set_origins(self._origins)
+    self._proxy.take_refused()
+    self._last_allowed_url = ""
     self.profile = self._fixed_profile or profiles_lib.get_profile(task.profile)
-    self._context = self._browser.new_context(accept_downloads=True, **self.profile.context_options())
+    # Every request, loopback included, goes through the egress proxy (Chromium bypasses loopback by default).
+    self._context = self._browser.new_context(accept_downloads=True, proxy={"server": self._proxy.url,
+                                                                            "bypass": "<-loopback>"},
+                                              **self.profile.context_options())
     self._context.set_default_timeout(self.action_timeout_ms)
     self._context.add_init_script(_NAV_SPY_JS)
     # Only requests outside the allowed origins are intercepted (the driver matches the regex), so pages on
@@ -432,6 +497,8 @@ class BrowserEnv:
   def _on_request(self, request) -> None:
     if request.is_navigation_request() and request.frame.parent_frame is None:
       self._nav_requests += 1
+      if not self._allowed(request.url) and request.url not in self._blocked:
+        self._blocked.append(request.url)  # a redirect hop the proxy will refuse, or one the route blocks
 
   def _on_request_failed(self, request) -> None:
     if request.is_navigation_request() and request.frame.parent_frame is None:
@@ -442,20 +509,29 @@ class BrowserEnv:
       self._commits += 1
 
   def _allowed(self, url: str) -> bool:
-    if url.startswith(("data:", "blob:", "about:")):
-      return True  # content the page already holds
-    origin = origin_of(url)  # file:// pages count as the origin "file://"
-    return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self._origins)
+    return egress.allowed(url, self._origins)
 
   def _route(self, route, request) -> None:
     if self._allowed(request.url):
       route.continue_()
     elif request.is_navigation_request():
-      if request.frame.parent_frame is None:
+      if request.frame.parent_frame is None and request.url not in self._blocked:
         self._blocked.append(request.url)
       route.fulfill(status=204)  # 204 cancels the navigation: the page stays where it was
     else:
       route.abort("blockedbyclient")
+
+  def _leave_forbidden_page(self) -> None:
+    """A main-frame document outside the allowlist (an error page of a refused connection, or any way the
+    checks above missed) is reported and replaced by the last allowed page (else the start page)."""
+    url = self._page.url
+    if self._allowed(url):
+      if not url.startswith(egress.LOCAL_SCHEMES):
+        self._last_allowed_url = url
+      return
+    if url not in self._blocked:
+      self._blocked.append(url)
+    self._goto(self._last_allowed_url or self._task.start_url)
 
   def _blocked_message(self) -> str:
     if not self._blocked:
@@ -464,13 +540,14 @@ class BrowserEnv:
             f"{', '.join(self._origins)}.\n")
 
   def _goto(self, url: str) -> None:
+    blocked = len(self._blocked)
     try:
       self._page.goto(url, wait_until="load", timeout=self.load_timeout_ms)
     except PlaywrightTimeoutError:
       pass  # a slow page is observed as it is
     except PlaywrightError:
-      if self._blocked and self._blocked[-1] == url:
-        return  # reported through the observation's error
+      if len(self._blocked) > blocked:
+        return  # the URL or one of its redirects was blocked: reported through the observation's error
       raise
     self._wait_idle()
 

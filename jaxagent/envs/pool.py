@@ -40,7 +40,7 @@ import uuid
 import weakref
 
 from jaxagent import types
-from jaxagent.envs import registry
+from jaxagent.envs import registry, tempdirs
 
 MARKER_ENV = "JAXAGENT_ENV_WORKER"
 
@@ -349,6 +349,7 @@ class EnvPool:
     for w in workers:
       self._kill(w)
     _kill_marked(self._id)
+    tempdirs.sweep_stale()  # the temp roots of workers that were killed rather than closed
 
   # -- internals
 

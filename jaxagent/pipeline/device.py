@@ -33,7 +33,7 @@ from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_vlm_policy
 from jaxagent.pipeline.stages import save_png
-from jaxagent.pipeline.tasks import draw_episodes, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline.tasks import draw_episodes, errored_count, read_tasks, success_rate, write_tasks
 
 FORMAT = autoui.AutoUI()
 FAITHFUL = autoui.AutoUI(faithful_task_impossible=True)
@@ -83,8 +83,9 @@ def suite(workdir: str, split: str) -> list[types.Task]:
 
 
 def read_store(*parts: str) -> tuple[TrajectoryStore, list[types.Trajectory]]:
+  """The store and its episodes (`rollout.episodes`: the last record of each id, errored ones left out)."""
   store = TrajectoryStore(os.path.join(*parts))
-  return store, [store.read(i) for i in range(len(store))]
+  return store, rollout_lib.episodes(store)
 
 
 # -------------------------------------------------------------------------------------- the prompt
@@ -191,5 +192,7 @@ def stage_il(config, workdir: str, out: str, gamma: float) -> dict:
 
 
 def eval_summary(trajs: Sequence[types.Trajectory], temperature: float) -> dict:
-  return {"success_rate": success_rate(trajs), "episodes": len(trajs), "temperature": float(temperature),
-          "mean_steps": float(np.mean([len(t.steps) for t in trajs])) if trajs else 0.0}
+  ran = [t for t in trajs if t.status != "errored"]
+  return {"success_rate": success_rate(trajs), "episodes": len(ran), "temperature": float(temperature),
+          "mean_steps": float(np.mean([len(t.steps) for t in ran])) if ran else 0.0,
+          "errored": errored_count(trajs)}

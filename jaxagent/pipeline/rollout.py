@@ -1,7 +1,9 @@
 """Resumable rollouts: tasks through an `EnvPool`, judged, into a `TrajectoryStore`.
 
 An episode's id is its task's id; an episode already in the store (a killed run) is kept and not run again, so
-a rerun of a rollout continues where the last one stopped. The pool (one browser per worker) starts only when
+a rerun of a rollout continues where the last one stopped. The exception is an episode stored `errored` (its
+browser crashed on every retry): a rerun runs it again, up to `config.env.errored_retries` times, appending a new
+record; readers take the last record of each id (`episodes`). The pool (one browser per worker) starts only when
 there is something left to run.
 """
 
@@ -28,9 +30,27 @@ def stored_ids(store: TrajectoryStore) -> set[str]:
   return {store.read_json(i)["task"]["id"] for i in range(len(store))}
 
 
+def errored_counts(store: TrajectoryStore) -> dict[str, int]:
+  """Per episode id whose last record is `errored`: how many errored records it has."""
+  store.refresh()
+  counts: dict[str, int] = {}
+  for i in range(len(store)):
+    record = store.read_json(i)
+    episode = record["task"]["id"]
+    counts[episode] = counts.get(episode, 0) + 1 if record.get("status") == "errored" else 0
+  return {k: n for k, n in counts.items() if n}
+
+
 def stored_by_id(store: TrajectoryStore) -> dict[str, types.Trajectory]:
+  """The last record of each episode id (a retried errored episode's newest attempt)."""
   store.refresh()
   return {t.task.id: t for t in store}
+
+
+def episodes(store: TrajectoryStore, errored: bool = False) -> list[types.Trajectory]:
+  """The store's episodes for training readers: the last record of each id, in the order ids first appear;
+  without `errored`, those whose browser crashed on every retry are left out (no verdict, partial steps)."""
+  return [t for t in stored_by_id(store).values() if errored or t.status != "errored"]
 
 
 class Rollouts:
@@ -65,8 +85,9 @@ class Rollouts:
     `parse` defaults to the policy's agent format (`policy.fmt.parse`); `obs_text` to that format's observation
     text (see `rl.collector.collect`)."""
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
-    have = stored_ids(store)
-    todo = [t for t in tasks if t.id not in have]
+    have, errored = stored_ids(store), errored_counts(store)
+    budget = 1 + int(self.env.get("errored_retries", 0))
+    todo = [t for t in tasks if t.id not in have or 0 < errored.get(t.id, 0) < budget]
     if todo:
       collect(self._pool(len(todo)), policy, parse or policy.fmt.parse, todo, store=store, judge=judge,
               gamma=gamma, obs_text=obs_text, progress=self.progress, policy_name=name, keep_screenshots=False)

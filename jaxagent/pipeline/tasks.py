@@ -51,5 +51,11 @@ def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: i
 
 
 def success_rate(trajs: Sequence[types.Trajectory]) -> float:
-  """The fraction of trajectories judged a success (`success == 1.0`); 0 for none."""
-  return sum(t.success == 1.0 for t in trajs) / len(trajs) if trajs else 0.0
+  """The fraction of the episodes that ran (not `errored`: the browser crashed on every retry) judged a success
+  (`success == 1.0`); 0 for none. Errored episodes are neither successes nor failures (`errored_count`)."""
+  ran = [t for t in trajs if t.status != "errored"]
+  return sum(t.success == 1.0 for t in ran) / len(ran) if ran else 0.0
+
+
+def errored_count(trajs: Sequence[types.Trajectory]) -> int:
+  return sum(t.status == "errored" for t in trajs)

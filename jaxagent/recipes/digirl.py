@@ -29,7 +29,7 @@ import numpy as np
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
-from jaxagent.pipeline import device
+from jaxagent.pipeline import device, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.stages import Stages, read_json, write_json
@@ -157,7 +157,7 @@ def offline_store(config, workdir: str) -> TrajectoryStore:
 
 def offline_data(config, workdir: str) -> Data:
   store = offline_store(config, workdir)
-  trajs = [store.read(i) for i in range(len(store))]
+  trajs = rollout.episodes(store)
   data = Data()
   data.add(store, trajs, screen_features(config, workdir, store, trajs, os.path.join(workdir, "critics", "feats.npz")))
   return data
@@ -253,7 +253,7 @@ def _record_init(out: str, init_from: str) -> None:
 def stage_offline_data(config, workdir, out):
   if config.data.path:
     store = offline_store(config, workdir)
-    trajs = [store.read(i) for i in range(len(store))]
+    trajs = rollout.episodes(store)
     if not trajs:
       raise ValueError(f"config.data.path={config.data.path!r} holds no trajectories")
     return {"source": config.data.path, "episodes": len(trajs), "success": success_rate(trajs)}
@@ -308,7 +308,7 @@ def stage_online(config, workdir, out):
         config, actor, float(config.online.temperature), online_episodes(config, workdir, i), os.path.join(o, "store"),
         f"actor@online{i}", int(config.seed) + 10 + i))})
     store = TrajectoryStore(os.path.join(inner.dir(f"{name}_rollouts"), "store"))
-    trajs = [store.read(j) for j in range(len(store))]
+    trajs = rollout.episodes(store)
     data.add(store, trajs, screen_features(config, workdir, store, trajs,
                                            os.path.join(inner.dir(f"{name}_rollouts"), "feats.npz")))
     if digirl:

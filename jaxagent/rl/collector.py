@@ -45,7 +45,8 @@ def _default_obs_text(parse) -> ObsText | None:
 def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Action],
             tasks: Sequence[types.Task], store: TrajectoryStore | None = None, progress: bool = True, *,
             gamma: float = 1.0, judge: types.Judge | None = None, obs_text: ObsText | None = None,
-            policy_name: str = "", keep_screenshots: bool = True) -> list[types.Trajectory]:
+            policy_name: str = "", keep_screenshots: bool = True,
+            prepare: Callable[[types.Trajectory], None] | None = None) -> list[types.Trajectory]:
   """Runs every task once; returns their trajectories in task order (also appended to `store` if given).
 
   Args:
@@ -56,6 +57,8 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
       `observation_text` when `parse` is a bound `AgentFormat.parse`).
     keep_screenshots: keep screenshot arrays on the returned steps' observations (they are written to the
       store either way); False saves memory on long runs.
+    prepare: called on each finished, judged trajectory before it is stored (to keep more of its observations
+      in `Step.info`): every episode is in the store as soon as it ends, so a killed collection loses none.
   """
   obs_text = obs_text or _default_obs_text(parse)
   queue = collections.deque(enumerate(tasks))
@@ -74,6 +77,8 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
     if judge is not None and status != "errored":
       verdict = judge.evaluate(traj.task, traj)
       traj.success, traj.verdict_reason = verdict.success, verdict.reason
+    if prepare is not None:
+      prepare(traj)
     if store is not None:
       store.append(traj)
     if not keep_screenshots:

@@ -1,6 +1,11 @@
 """`data_tools/site_demos.py`: expert demonstrations through the collector into a store and OpenWebVoyager samples."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -29,3 +34,29 @@ def test_demonstrations_store_and_openwebvoyager_samples(tmp_path):
   assert [m["from"] for m in last["conversations"]][-2:] == ["human", "gpt"]
   assert last["conversations"][-1]["value"].startswith("Thought:") and "ANSWER" in last["conversations"][-1]["value"]
   assert all((tmp_path / "images" / name).exists() for s in samples for name in s["images"])
+
+
+@pytest.mark.slow
+def test_a_killed_demonstration_run_keeps_its_episodes_and_resumes(tmp_path):
+  """SIGKILL after the first stored episode: what was stored stays, and a rerun runs only the rest."""
+  out = tmp_path / "demos"
+  cmd = [sys.executable, "data_tools/site_demos.py", "--out", str(out), "--limit", "6", "--workers", "1"]
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+  proc = subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 240
+  while time.monotonic() < deadline and proc.poll() is None:
+    if (out / "store").is_dir() and len(TrajectoryStore(out / "store")) >= 1:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, "the run ended before it could be killed"
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  kept = [t.task.id for t in TrajectoryStore(out / "store")]
+  assert 1 <= len(kept) < 6
+  done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  ids = [t.task.id for t in TrajectoryStore(out / "store")]
+  assert ids[:len(kept)] == kept and len(ids) == len(set(ids)) == 6
+  assert json.loads(done.stdout)["episodes"] == 6
