@@ -1,14 +1,24 @@
 """One way to ask an OpenAI-compatible chat model, shared by the LLM judges and `policies.OpenAIPolicy`.
 
 So that judging and acting retry, count and guard keys alike:
-  * retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection errors and
-    malformed bodies; other 4xx fail at once. The `openai` client's own retries are off, so every attempt shows
-    in `stats` (retries by cause, requests given up by last cause);
+  * retries with exponential backoff (honouring Retry-After) on 429, 5xx, timeouts, connection errors,
+    malformed bodies (not JSON, no `choices`, null content, an HTML page) and empty replies (content that is
+    blank); other 4xx fail at once. The `openai` client's own retries are off, so every attempt shows in
+    `stats` (retries by cause, requests given up by last cause);
+  * time is bounded by the wall clock, not per read: each attempt is abandoned after `timeout_s` (a server
+    that trickles a byte at a time cannot hold it), and the whole call, retries and backoff included, ends by
+    `deadline_s`;
   * tokens and cost are counted;
-  * an optional content-keyed on-disk cache (sha256 of model + messages + sampling) makes asking again free;
+  * an optional content-keyed on-disk cache (sha256 of model + messages + sampling) makes asking again free.
+    Only a usable reply is cached: never a blank one, nor one the caller's `keep` refuses (a judge keeps only
+    replies that hold a verdict), so asking again later asks the server again. A cache file that is not an
+    entry (torn, truncated, another shape, or an entry the caller would not keep) is a miss, logged with its
+    path, and is overwritten by the next good reply; a cache that cannot be written costs the cache, not the
+    reply;
   * the key is looked up when the client is first used, from `$api_key_env` or `api_key_file`
     (`secrets.load_api_key`), never from a config value, and every error text passes `secrets.redact`.
-A reply that cannot be had raises `CompletionUnavailable` with the redacted reason.
+A reply that cannot be had raises `CompletionUnavailable` with the redacted reason: no fault of the server or of the
+cache raises anything else.
 """
 
 from __future__ import annotations
@@ -16,17 +26,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import random
 import tempfile
 import threading
 import time
-from typing import Any, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 from jaxagent import secrets
 from jaxagent.agents import base as fmt_base
 
 _Config = TypeVar("_Config")
+log = logging.getLogger(__name__)
 
 
 def config_from(cls: type[_Config], cfg: Any, what: str) -> _Config:
@@ -51,7 +63,8 @@ class ClientConfig:
   max_tokens: int = 1000
   temperature: float = 0.0
   seed: int | None = 42
-  timeout_s: float = 60.0
+  timeout_s: float = 60.0  # wall-clock limit of one HTTP attempt (not per read)
+  deadline_s: float = 0.0  # wall-clock limit of a whole request, retries and backoff included; 0 -> 4 × timeout_s
   max_retries: int = 6
   backoff_initial_s: float = 1.0
   backoff_max_s: float = 30.0
@@ -75,7 +88,7 @@ class UsageStats:
   requests: int = 0  # completions asked for (cache hits included)
   cache_hits: int = 0
   api_calls: int = 0  # HTTP attempts, retries included
-  retries: dict[str, int] = dataclasses.field(default_factory=dict)  # by cause: "429", "5xx", "timeout", ...
+  retries: dict[str, int] = dataclasses.field(default_factory=dict)  # by cause: "429", "5xx", "timeout", "empty"...
   failures: dict[str, int] = dataclasses.field(default_factory=dict)  # requests given up, by last cause
   prompt_tokens: int = 0
   completion_tokens: int = 0
@@ -136,68 +149,134 @@ class OpenAIClient:
     key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
     return os.path.join(self.config.cache_dir, key[:2], key + ".json")
 
-  @staticmethod
-  def _read_cache(path: str | None) -> dict[str, Any] | None:
+  def _read_cache(self, path: str | None, keep: Callable[[str], bool] | None) -> str | None:
+    """The cached reply at `path`, or None: a missing file is a miss; so is one that is not a usable entry
+    (logged with its path; the next good reply overwrites it)."""
     if path is None or not os.path.exists(path):
       return None
     try:
       with open(path, encoding="utf-8") as f:
-        return json.load(f)
-    except (OSError, ValueError):  # a torn or foreign file is a miss, and is rewritten
+        entry = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:  # torn, truncated, not UTF-8, a directory, ...
+      log.warning("%s: unreadable cache entry %s (%s); asking again", self.owner, path, type(e).__name__)
       return None
+    content = entry.get("content") if isinstance(entry, dict) else None
+    if not isinstance(content, str) or not content.strip():
+      log.warning("%s: cache entry %s is not an entry with a reply (%s); asking again", self.owner, path,
+                  type(entry).__name__ if not isinstance(entry, dict) else "content " + type(content).__name__)
+      return None
+    if keep is not None and not _kept(keep, content):
+      log.warning("%s: cache entry %s holds a reply the caller does not keep; asking again", self.owner, path)
+      return None
+    return content
 
-  @staticmethod
-  def _write_cache(path: str | None, entry: dict[str, Any]) -> None:
+  def _write_cache(self, path: str | None, entry: dict[str, Any]) -> None:
+    """Writes atomically (readers see the old file or the whole new one); a failure loses the entry only."""
     if path is None:
       return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(entry, f)
-    os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
+    tmp = None
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(entry, f)
+      os.replace(tmp, path)
+    except OSError as e:
+      log.warning("%s: cannot write cache entry %s (%s: %s); the reply is used uncached", self.owner, path,
+                  type(e).__name__, e)
+      if tmp is not None and os.path.exists(tmp):
+        try:
+          os.remove(tmp)
+        except OSError:
+          pass
 
   # ---- one completion, with retries
-  def complete(self, messages: list[fmt_base.Message]) -> str:
-    """The model's reply text; raises `CompletionUnavailable` (redacted reason) when none can be had."""
+  def complete(self, messages: list[fmt_base.Message], keep: Callable[[str], bool] | None = None) -> str:
+    """The model's reply text; raises `CompletionUnavailable` (redacted reason) when none can be had.
+
+    A blank reply is no reply (retried, then given up). `keep(reply)` says whether a reply may be cached (and a
+    cached one used); a reply it refuses is still returned, uncached, so the caller can show it and a later
+    call asks again. It is not retried: a model's own answer would most likely come back the same.
+    """
     request = self._request(messages)
     self.count("requests")
     path = self._cache_path(request)
-    cached = self._read_cache(path)
+    cached = self._read_cache(path, keep)
     if cached is not None:
       self.count("cache_hits")
-      return cached["content"]
-    cause, detail = "", ""
+      return cached
+    start = time.monotonic()
+    budget = self.config.deadline_s if self.config.deadline_s > 0 else 4 * self.config.timeout_s
+    deadline = start + budget
+    cause, detail, attempts = "", "", 0
     for attempt in range(self.config.max_retries + 1):
       if attempt:
+        delay = self._backoff(attempt, detail)
+        if time.monotonic() + delay >= deadline:
+          return self._give_up(cause, f"gave up after {attempts} attempts at the {budget:g} s deadline; last "
+                                      f"error {cause}: {detail}")
         self.count("retries", cause)
-        time.sleep(self._backoff(attempt, detail))
+        time.sleep(delay)
       self.count("api_calls")
+      attempts += 1
       try:
-        resp = self.client().chat.completions.create(**request)
+        resp = self._attempt(request, min(self.config.timeout_s, deadline - time.monotonic()))
         content = resp.choices[0].message.content
         if not isinstance(content, str):
           raise TypeError(f"message.content is {type(content).__name__}")
+        if not content.strip():
+          raise _BlankReply(f"message.content is blank: {content!r}")
       except Exception as e:  # pylint: disable=broad-except
         cause, retryable, detail = _classify(e)
         if not retryable:
-          self.count("failures", cause)
           hint = "" if self._had_key or cause != "http_401" else (
               f" (no API key was found: set ${self.config.api_key_env} or the {self.owner} config's api_key_file)")
-          raise CompletionUnavailable(secrets.redact(f"{cause}: {e}{hint}")) from None
+          return self._give_up(cause, f"{cause}: {e}{hint}")
         continue
       usage = getattr(resp, "usage", None)
-      prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-      completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+      prompt_tokens = _int(getattr(usage, "prompt_tokens", 0))
+      completion_tokens = _int(getattr(usage, "completion_tokens", 0))
       self.count("prompt_tokens", n=prompt_tokens)
       self.count("completion_tokens", n=completion_tokens)
       self.count("cost_usd", n=prompt_tokens / 1000 * self.config.usd_per_1k_prompt
                  + completion_tokens / 1000 * self.config.usd_per_1k_completion)
-      self._write_cache(path, {"content": content, "prompt_tokens": prompt_tokens,
-                               "completion_tokens": completion_tokens, "model": self.config.model})
+      if keep is None or _kept(keep, content):
+        self._write_cache(path, {"content": content, "prompt_tokens": prompt_tokens,
+                                 "completion_tokens": completion_tokens, "model": self.config.model})
       return content
+    return self._give_up(cause, f"gave up after {attempts} attempts; last error {cause}: {detail}")
+
+  def _give_up(self, cause: str, reason: str) -> NoReturn:
     self.count("failures", cause)
-    raise CompletionUnavailable(secrets.redact(f"gave up after {self.config.max_retries + 1} attempts; last error "
-                                               f"{cause}: {detail}"))
+    raise CompletionUnavailable(secrets.redact(reason)) from None
+
+  def _attempt(self, request: dict[str, Any], timeout: float) -> Any:
+    """One HTTP attempt, abandoned after `timeout` s of wall-clock time.
+
+    The `openai` client's timeout bounds each read, so a server that trickles bytes holds it for as long as it
+    likes; the attempt runs on a daemon thread instead and is left behind at the deadline (the client's own
+    per-read timeout still ends it once the server stalls or the reply is in; its result is dropped).
+    """
+    if timeout <= 0:
+      raise _AttemptTimeout("no time left before the deadline")
+    client = self.client()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run():
+      try:
+        box["resp"] = client.chat.completions.create(**request)
+      except BaseException as e:  # pylint: disable=broad-except
+        box["error"] = e
+      finally:
+        done.set()
+
+    threading.Thread(target=run, name="openai-attempt", daemon=True).start()
+    if not done.wait(timeout):
+      raise _AttemptTimeout(f"no complete reply within {timeout:.3g} s (wall clock)")
+    if "error" in box:
+      raise box["error"]
+    return box["resp"]
 
   def _backoff(self, attempt: int, retry_after: str) -> float:
     delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (attempt - 1))
@@ -211,10 +290,38 @@ class OpenAIClient:
     return delay + jitter
 
 
+class _AttemptTimeout(Exception):
+  """An attempt ran past its wall-clock limit and was abandoned."""
+
+
+class _BlankReply(Exception):
+  """A well-formed completion whose text is blank: no reply (retried, never cached)."""
+
+
+def _kept(keep: Callable[[str], bool], content: str) -> bool:
+  """`keep(content)`; a `keep` that raises keeps nothing (the reply is still returned)."""
+  try:
+    return bool(keep(content))
+  except Exception:  # pylint: disable=broad-except
+    log.warning("keep(%r...) raised; the reply is not cached", content[:40], exc_info=True)
+    return False
+
+
+def _int(value: Any) -> int:
+  try:
+    return int(value or 0)
+  except (TypeError, ValueError):  # a usage block of another shape counts nothing
+    return 0
+
+
 def _classify(e: Exception) -> tuple[str, bool, str]:
   """(cause, retryable, detail) of a failed call. `detail` carries Retry-After when the server sent one."""
   import openai  # pylint: disable=g-import-not-at-top
 
+  if isinstance(e, _AttemptTimeout):
+    return "timeout", True, str(e)
+  if isinstance(e, _BlankReply):
+    return "empty", True, str(e)
   if isinstance(e, openai.APITimeoutError):
     return "timeout", True, str(e)
   if isinstance(e, openai.APIConnectionError):

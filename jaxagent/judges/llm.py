@@ -25,13 +25,19 @@ Protocols (`reference/algorithms.md` §1.5, §4.5):
     system role, as the original has none); (2) the current screenshot is converted to RGB before the 4x
     downscale (the original keeps the file's mode, RGBA on Android, whose alpha is opaque); (3) the image
     cache is per trajectory (the original shares it across emulators, which DigiRL issue #25 reports as
-    a bug); (4) a task_set other than the two is an error here (the original fails with UnboundLocalError).
+    a bug); (4) a task_set other than the two is an error here (the original fails with UnboundLocalError);
+    (5) a reply without `Status:` leaves the step unjudged (the original scores it 0, see Robustness).
 
 Robustness: requests go through `jaxagent.openai_client` (retries with exponential backoff on 429, 5xx,
-timeouts, connection errors and malformed bodies; other 4xx fail at once; tokens and cost counted; keys from
-`secrets.load_api_key`, every error text through `secrets.redact`), with its content-keyed on-disk cache making
-re-judging free. A bounded thread pool judges many trajectories. A verdict that cannot be obtained is
-`Verdict(None, reason)` (unjudged), never an exception and never a silent 0.
+timeouts, connection errors, malformed bodies and blank replies; other 4xx fail at once; each attempt bounded by
+`timeout_s` of wall-clock time and each request, retries included, by `deadline_s`; tokens and cost counted; keys
+from `secrets.load_api_key`, every error text through `secrets.redact`), with its content-keyed on-disk cache
+making re-judging free. Only a reply that holds a verdict is cached (WebVoyager: SUCCESS or NOT SUCCESS; DigiRL:
+`Status:`), and a cache file that is not such an entry is a miss, so re-judging asks again whatever went wrong
+before. A bounded thread pool judges many trajectories. A verdict that cannot be obtained is
+`Verdict(None, reason)` (unjudged), never an exception from `evaluate` and never a silent 0: a DigiRL step whose
+call failed or whose reply has no `Status:` is unjudged (departure (5): the original counts a reply without
+`Status:` as failure), and so is an episode with such a step and no judged success.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import io
+import logging
 import os
 import re
 from typing import Any, NamedTuple, Sequence
@@ -49,6 +56,8 @@ from jaxagent import openai_client, secrets
 from jaxagent.agents import base as fmt_base
 from jaxagent.agents import webvoyager_prompts as P
 from jaxagent.types import ActionKind, Task, Trajectory, Verdict
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -65,7 +74,8 @@ class LLMJudgeConfig:
   max_tokens: int = 1000
   temperature: float = 0.0
   seed: int | None = 42
-  timeout_s: float = 60.0
+  timeout_s: float = 60.0  # wall-clock limit of one HTTP attempt (not per read: a trickling server is cut off)
+  deadline_s: float = 0.0  # wall-clock limit of one request, retries and backoff included; 0 -> 4 × timeout_s
   max_retries: int = 6
   backoff_initial_s: float = 1.0
   backoff_max_s: float = 30.0
@@ -105,6 +115,10 @@ def webvoyager_messages(task: str, answer: str, images: Sequence[Any], img_num: 
   content = [fmt_base.text_part(user)] + [fmt_base.image_part(i) for i in images]
   content.append(fmt_base.text_part(P.AUTO_EVAL_VERDICT_PROMPT))
   return [{"role": "system", "content": P.AUTO_EVAL_SYSTEM_PROMPT}, {"role": "user", "content": content}]
+
+
+def _has_webvoyager_verdict(reply: str) -> bool:
+  return "SUCCESS" in reply  # NOT SUCCESS included
 
 
 def parse_webvoyager_verdict(reply: str) -> Verdict:
@@ -334,8 +348,16 @@ def digirl_messages(intent: str, image: Any, task_set: str = "general") -> list[
   return [{"role": "user", "content": content}]
 
 
+_DIGIRL_STATUS = re.compile(r"Status:\s*(\w+)")
+
+
+def _has_digirl_status(reply: str) -> bool:
+  return _DIGIRL_STATUS.search(reply) is not None
+
+
 def parse_digirl_status(reply: str) -> Verdict:
-  match = re.search(r"Status:\s*(\w+)", reply)
+  """The original's reading: no `Status:` is a failure (the judge itself leaves such a step unjudged)."""
+  match = _DIGIRL_STATUS.search(reply)
   if match is None:
     return Verdict(0.0, "judge reply has no 'Status:' (DigiRL counts this as failure)")
   status = match.group(1)
@@ -404,10 +426,11 @@ class LLMJudge:
     """The `openai.OpenAI` client, built (and its key looked up) on first use."""
     return self._api.client()
 
-  def complete(self, messages: list[fmt_base.Message]) -> str:
-    """The model's reply text; raises `JudgeUnavailable` (redacted reason) when none can be had."""
+  def complete(self, messages: list[fmt_base.Message], keep=None) -> str:
+    """The model's reply text; raises `JudgeUnavailable` (redacted reason) when none can be had. `keep(reply)`:
+    whether the reply may be cached (`OpenAIClient.complete`); the protocols keep only replies with a verdict."""
     try:
-      return self._api.complete(messages)
+      return self._api.complete(messages, keep=keep)
     except openai_client.CompletionUnavailable as e:
       raise JudgeUnavailable(str(e)) from None
 
@@ -418,9 +441,13 @@ class LLMJudge:
         verdict = self._webvoyager(task, trajectory)
       else:
         verdict = self._digirl(task, trajectory)
-    except JudgeUnavailable as e:
+    except openai_client.CompletionUnavailable as e:
       verdict = Verdict(None, f"unjudged: {e}")
     except (OSError, ValueError) as e:  # unreadable screenshots and the like: unjudged, with the reason
+      verdict = Verdict(None, secrets.redact(f"unjudged: {type(e).__name__}: {e}"))
+    except Exception as e:  # pylint: disable=broad-except
+      # Anything else is a bug here, but one trajectory must not end the collection of all the others.
+      log.exception("LLM judge: evaluating %s raised; left unjudged", task.id)
       verdict = Verdict(None, secrets.redact(f"unjudged: {type(e).__name__}: {e}"))
     key = "unjudged" if verdict.success is None else ("success" if verdict.success >= 1.0 else "failure")
     self._api.count("verdicts", key)
@@ -437,13 +464,15 @@ class LLMJudge:
     root = self._root(trajectory)
     paths = [s.image_path for s in trajectory.steps if s.image_path][-k:]
     images = [p if os.path.isabs(p) or not root else os.path.join(root, p) for p in paths]
-    reply = self.complete(webvoyager_messages(task.intent, answer, images, k))
+    reply = self.complete(webvoyager_messages(task.intent, answer, images, k), keep=_has_webvoyager_verdict)
     return parse_webvoyager_verdict(reply)
 
   def step_rewards(self, task: Task, trajectory: Trajectory) -> list[Verdict]:
     """DigiRL's per-step rewards: one verdict per step up to the first success (which ends the episode).
 
-    A step the judge could not be asked about is `Verdict(None, reason)`; later steps are still judged.
+    A step the judge could not be asked about, or whose reply has no `Status:`, is `Verdict(None, reason)`
+    (unjudged, never a guessed 0; its reply is not cached, so judging again asks again); later steps are still
+    judged. A 0.0 is either the judge's failure status or a skipped screen (unchanged or seen before).
     The screens are the stored ones (`Step.image_path` / `next_image_path`) or, for an episode the collector is
     judging before it is stored, the in-memory observations. Raises ValueError naming the field when a step
     has neither.
@@ -465,13 +494,15 @@ class LLMJudge:
       if any(s.shape == cur.shape and np.mean((s - cur) ** 2) < threshold for s in seen):
         out.append(Verdict(0.0, f"step {t}: screen seen before"))
         continue
-      if len(seen) < 5:
-        seen.append(cur)
       try:
         messages = digirl_messages(task.intent, _quarter(cur_u8), self.config.digirl_task_set)
-        verdict = parse_digirl_status(self.complete(messages))
+        reply = self.complete(messages, keep=_has_digirl_status)
+        verdict = parse_digirl_status(reply) if _has_digirl_status(reply) else Verdict(
+            None, f"unjudged: judge reply has no 'Status:' (the original counts this as failure): {reply[-200:]!r}")
       except JudgeUnavailable as e:
         verdict = Verdict(None, f"unjudged: {e}")
+      if verdict.success is not None and len(seen) < 5:  # an unjudged screen seen again is asked about again
+        seen.append(cur)
       out.append(Verdict(verdict.success, f"step {t}: {verdict.reason}"))
       if verdict.success == 1.0:
         break
