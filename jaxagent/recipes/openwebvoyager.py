@@ -33,7 +33,7 @@ from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_vlm_policy
 from jaxagent.pipeline.stages import Stages, write_json
-from jaxagent.pipeline.tasks import disjoint_sets, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline.tasks import disjoint_sets, errored_count, read_tasks, success_rate, write_tasks
 from jaxagent.policies import OpenAIPolicy
 from jaxagent.proj.owv import data, explore
 from jaxagent.train.metrics import MetricWriter
@@ -175,8 +175,9 @@ def stage_eval(config, workdir, out, k):
   with _rollouts(config) as r:
     trajs = r.run(policy, _queries(workdir, "test"), os.path.join(out, "test"), judge=_judge(config),
                   name=f"iter{k}_policy")
-  summary = {"test_success_rate": success_rate(trajs), "episodes": len(trajs),
-             "mean_steps": sum(len(t.steps) for t in trajs) / max(len(trajs), 1),
+  ran = [t for t in trajs if t.status != "errored"]
+  summary = {"test_success_rate": success_rate(trajs), "episodes": len(ran), "errored": errored_count(trajs),
+             "mean_steps": sum(len(t.steps) for t in ran) / max(len(ran), 1),
              "too_long_prompts": policy.stats["too_long"], **_agreement(config, trajs)}
   if config.eval.miniwob:
     summary["miniwob_success_rate"] = _eval_miniwob(config, out, policy)
