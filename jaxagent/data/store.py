@@ -8,8 +8,11 @@ Layout of a store directory:
 `append` writes the PNGs into a temp directory, renames it into place, then commits the episode by appending
 ONE line with a single `write` and `fsync`, under an exclusive `flock`. A writer killed at any point leaves
 either a stray temp/image directory (never referenced) or a line without its trailing newline; readers index
-only newline-terminated lines, and the next writer cuts such a torn tail off before appending. So the store
-holds exactly the episodes whose `append` returned.
+only newline-terminated lines. Opening a store and every append repair such a tail under the lock, losing
+nothing: a tail that is a whole record (a file that lost only its last newline, e.g. truncated by one byte) gets
+its newline back and counts; a torn fragment is moved, byte for byte, to `episodes.jsonl.torn-<time>` beside
+the log, with a warning. So the store holds exactly the episodes whose `append` returned. A record that cannot
+be read is an error naming the file, the line and the episode.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import logging
 import os
+import re
 import shutil
 import time
 from typing import Any, Callable, Iterator
@@ -30,6 +35,11 @@ from jaxagent import types
 
 _LOG = "episodes.jsonl"
 _IMAGES = "images"
+log = logging.getLogger(__name__)
+
+
+class StoreError(ValueError):
+  """A record of a store that cannot be read; the message names the file, the line and the episode."""
 
 
 # ---------------------------------------------------------------------------------------- JSON schema
@@ -103,6 +113,12 @@ def trajectory_from_json(d: dict[str, Any]) -> types.Trajectory:
 # ----------------------------------------------------------------------------------------------- store
 
 
+def _last_byte(path: str) -> bytes:
+  with open(path, "rb") as f:
+    f.seek(-1, os.SEEK_END)
+    return f.read(1)
+
+
 def _fsync_dir(path: str) -> None:
   fd = os.open(path, os.O_RDONLY)
   try:
@@ -134,6 +150,7 @@ class TrajectoryStore:
     self._log = os.path.join(self.path, _LOG)
     self._offsets: list[int] = []  # byte offset of each committed line
     self._indexed = 0  # bytes of the log indexed so far (always just after a newline)
+    self._repair_on_open()
 
   def __getstate__(self):  # picklable for Grain workers: the index is rebuilt on demand
     return {"path": self.path}
@@ -173,13 +190,52 @@ class TrajectoryStore:
     fd = os.open(self._log, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX)
-      size = os.fstat(fd).st_size
-      if size and os.pread(fd, 1, size - 1) != b"\n":  # a writer died mid-line: drop its torn tail
-        os.ftruncate(fd, self._last_newline(fd, size))
+      self._repair_tail(fd)
       os.write(fd, line)
       os.fsync(fd)
     finally:
       os.close(fd)  # releases the lock
+
+  def _repair_on_open(self) -> None:
+    """Repairs a tail without its newline (see the module docstring) if there is one and the store is writable."""
+    try:
+      if os.path.getsize(self._log) == 0 or _last_byte(self._log) == b"\n":
+        return
+      fd = os.open(self._log, os.O_RDWR | os.O_APPEND)
+    except OSError:  # no log yet, or read-only: readers skip an unterminated tail anyway
+      return
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+      self._repair_tail(fd)
+    finally:
+      os.close(fd)
+
+  def _repair_tail(self, fd: int) -> None:
+    """Under the lock: a tail after the last newline is a whole record missing its newline (kept) or a torn
+    write (moved to a sidecar file, then cut off)."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+      return
+    start = self._last_newline(fd, size)
+    tail = os.pread(fd, size - start, start)
+    try:
+      record = json.loads(tail)
+      whole = isinstance(record, dict) and "task" in record and "steps" in record
+    except ValueError:
+      whole = False
+    if whole:
+      os.write(fd, b"\n")
+      log.warning("%s: its last record had lost its newline; restored it", self._log)
+    else:
+      sidecar = f"{self._log}.torn-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+      with open(sidecar, "wb") as f:
+        f.write(tail)
+        f.flush()
+        os.fsync(f.fileno())
+      os.ftruncate(fd, start)
+      log.warning("%s: a torn last line (%d bytes, an append that never returned) was moved to %s", self._log,
+                  len(tail), sidecar)
+    os.fsync(fd)
 
   @staticmethod
   def _last_newline(fd: int, size: int) -> int:
@@ -230,14 +286,30 @@ class TrajectoryStore:
     end = self._offsets[i + 1] if i + 1 < n else self._indexed
     with open(self._log, "rb") as f:
       f.seek(self._offsets[i])
-      return json.loads(f.read(end - self._offsets[i]))
+      raw = f.read(end - self._offsets[i])
+    try:
+      record = json.loads(raw)
+      if not isinstance(record, dict):
+        raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
+    except ValueError as e:
+      raise self._bad(i, raw, e) from None
+    return record
 
   def read(self, i: int) -> types.Trajectory:
     """Episode i (commit order), without screenshot arrays (see `load_image`)."""
     d = self.read_json(i)
-    traj = trajectory_from_json(d)
-    traj.meta.setdefault("episode_id", d["id"])
+    try:
+      traj = trajectory_from_json(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise self._bad(i % len(self), json.dumps(d)[:200].encode(), e) from None
+    traj.meta.setdefault("episode_id", d.get("id"))
     return traj
+
+  def _bad(self, i: int, raw: bytes, error: Exception) -> StoreError:
+    found = re.search(rb'"id"\s*:\s*"([^"]+)"', raw)
+    episode = f"episode {found.group(1).decode(errors='replace')!r}" if found else "an unreadable episode id"
+    return StoreError(f"{self._log}:{i + 1} (record {i}, {episode}): {type(error).__name__}: {error}. The other "
+                      "records are intact; move this line out of the file (or restore it from a backup) to go on")
 
   def __iter__(self) -> Iterator[types.Trajectory]:
     for i in range(len(self)):
