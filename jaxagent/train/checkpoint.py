@@ -2,17 +2,23 @@
 `nnx.State`, step included), the base RNG key and the Grain data-iterator position.
 
 A thin wrapper so the rest of the code never touches Orbax directly (switching to Orbax v1's
-`training.Checkpointer` would change this file only).
+`training.Checkpointer` would change this file only). A run resumes from the newest step that restores: a step
+that does not (a crash or a full disk mid-write, a damaged file) is moved aside to `<step>.broken-<time>`
+(kept, never deleted) with a warning, and the step before it is tried.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
 
 
 class Checkpointer:
@@ -50,10 +56,36 @@ class Checkpointer:
     return self._mngr.save(step, args=ocp.args.Composite(**args), force=force)
 
   def restore(self, abstract_state: Any, rng_like: jax.Array, step: int | None = None):
-    """(state, rng, data_state, meta) from `step` (default: the latest), or None if there is none."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      return None
+    """(state, rng, data_state, meta) from `step`, or by default from the newest step that restores (the broken
+    newer ones moved aside); None if there is no step."""
+    if step is not None:
+      try:
+        return self._restore(abstract_state, rng_like, step)
+      except Exception as e:  # pylint: disable=broad-except
+        raise RuntimeError(f"checkpoint step {step} in {self.directory} does not restore: {type(e).__name__}: "
+                           f"{e}") from e
+    errors = []
+    for candidate in sorted(self._mngr.all_steps(), reverse=True):
+      try:
+        restored = self._restore(abstract_state, rng_like, candidate)
+      except Exception as e:  # pylint: disable=broad-except  # Orbax / TensorStore raise many kinds
+        errors.append(f"step {candidate}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        self._set_aside(candidate, errors[-1])
+        continue
+      return restored
+    if errors:
+      raise RuntimeError(f"no checkpoint in {self.directory} restores (each moved aside to <step>.broken-*): "
+                         + "; ".join(errors))
+    return None
+
+  def _set_aside(self, step: int, why: str) -> None:
+    broken = f"{self.path(step)}.broken-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.rename(self.path(step), broken)
+    self._mngr.reload()
+    log.warning("checkpoint %s does not restore (%s); moved to %s, trying the step before it", self.path(step),
+                why, broken)
+
+  def _restore(self, abstract_state: Any, rng_like: jax.Array, step: int):
     key_data = jax.random.key_data(rng_like)
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
