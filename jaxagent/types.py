@@ -54,7 +54,26 @@ class Task:
     if unknown:
       raise ValueError(f"Task {d.get('id', '?')!r}: unknown field(s) {unknown}; valid fields are {sorted(names)}")
     d = dict(d)
-    d["allowed_origins"] = tuple(d.get("allowed_origins", ()))
+    name = f"Task {d.get('id', '?')!r}"
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in d]
+    if missing:
+      raise ValueError(f"{name}: missing field(s) {missing}")
+    for key in ("id", "intent", "site", "start_url", "profile", "split", "template"):
+      if key in d and not isinstance(d[key], str):
+        raise ValueError(f"{name}: {key} must be a string, got {d[key]!r}")
+    for key in ("max_steps", "seed"):
+      if key in d and (not isinstance(d[key], int) or isinstance(d[key], bool)):
+        raise ValueError(f"{name}: {key} must be an integer, got {d[key]!r}")
+    for key in ("evaluator", "meta"):
+      if key in d and not isinstance(d[key], dict):
+        raise ValueError(f"{name}: {key} must be an object, got {d[key]!r}")
+    origins = d.get("allowed_origins", ())
+    if isinstance(origins, str) or not isinstance(origins, (list, tuple)) or not all(
+        isinstance(o, str) for o in origins):
+      raise ValueError(f"{name}: allowed_origins must be a list of origins such as [\"http://127.0.0.1:8000\"], "
+                       f"got {origins!r}")
+    d["allowed_origins"] = tuple(origins)
     return cls(**d)
 
 

@@ -19,8 +19,20 @@ def write_tasks(path: str, tasks: Sequence[types.Task]) -> int:
 
 
 def read_tasks(path: str) -> list[types.Task]:
+  """The tasks of a JSONL file; a bad line is a ValueError naming the file, the line and the field."""
+  tasks = []
   with open(path, encoding="utf-8") as f:
-    return [types.Task.from_json(json.loads(line)) for line in f if line.strip()]
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+          raise ValueError(f"a task is a JSON object, not {type(record).__name__}")
+        tasks.append(types.Task.from_json(record))
+      except ValueError as e:
+        raise ValueError(f"{path}:{number}: {e}") from None
+  return tasks
 
 
 def draw_episodes(tasks: Sequence[types.Task], n: int, seed: int, tag: str) -> list[types.Task]:

@@ -68,8 +68,41 @@ def _one_device_mesh():
 
 
 def _read_json(path: str) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  """A JSON object from `path`; anything else is a ValueError naming the file and where it breaks."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg}); the file is damaged "
+                     "or truncated: restore it, or rewrite it from the run's config") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); the file is damaged") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not an object of config keys")
+  return data
+
+
+# What loading a training workdir reads from its config.json: key -> type.
+_WORKDIR_KEYS = {"model": dict, "model.kind": str, "train": dict, "train.steps": int, "optim": dict,
+                 "data": dict}
+
+
+def read_workdir_config(path: str):
+  """A training workdir's `config.json` as a ConfigDict; a damaged or incomplete one is a ValueError naming
+  the file and the key."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  data = _read_json(path)
+  for key, kind in _WORKDIR_KEYS.items():
+    node: object = data
+    for part in key.split("."):
+      if not isinstance(node, dict) or part not in node:
+        raise ValueError(f"{path}: missing key {key!r}; this file is written by the training stage "
+                         "(`pipeline.finetune` / `python -m jaxagent.main`): restore it, or pass config= to load_policy")
+      node = node[part]
+    if not isinstance(node, kind) or (kind is int and isinstance(node, bool)):
+      raise ValueError(f"{path}: {key} is {node!r} ({type(node).__name__}); expected {kind.__name__}")
+  return ml_collections.ConfigDict(data)
 
 
 def _is_workdir(path: str) -> bool:
@@ -85,8 +118,6 @@ def _step_dir(path: str) -> tuple[str, int | None]:
 
 
 def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
-  import ml_collections  # pylint: disable=g-import-not-at-top
-
   from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.state import abstract_train_state  # pylint: disable=g-import-not-at-top
@@ -96,7 +127,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
     if not os.path.exists(cfg_path):
       raise FileNotFoundError(f"{workdir} has checkpoints but no config.json (runs started with "
                               "`python -m jaxagent.main` write it); pass config= to load_policy")
-    config = ml_collections.ConfigDict(_read_json(cfg_path))
+    config = read_workdir_config(cfg_path)
   tok_dir = os.path.join(workdir, "tokenizer")
   tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
   built = models.build(config, tokenizer)
