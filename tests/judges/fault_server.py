@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 
-from openai_peer import canned_reply
+from openai_peer import Peer, canned_reply
 
 FAULTS = ("429", "500", "503", "timeout", "non_json", "truncated", "no_choices", "empty_choices", "null_content",
           "html", "reset", "empty", "blank", "garbage", "trickle")
@@ -141,24 +141,13 @@ class _Server(http.server.ThreadingHTTPServer):
     pass
 
 
-class FaultServer:
+class FaultServer(Peer):
   """Context manager: a threaded server on an ephemeral port; `base_url` ends in /v1."""
 
   def __init__(self, state: FaultState | None = None):
-    self.state = state or FaultState()
-    self.server = _Server(("127.0.0.1", 0), make_handler(self.state))
-    self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-  @property
-  def base_url(self) -> str:
-    return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-  def __enter__(self):
-    self.thread.start()
-    return self
+    state = state or FaultState()
+    super().__init__(state, _Server(("127.0.0.1", 0), make_handler(state)))
 
   def __exit__(self, *exc):
     self.state.stop.set()
-    self.server.shutdown()
-    self.server.server_close()
-    self.thread.join(timeout=5)
+    super().__exit__(*exc)

@@ -124,9 +124,9 @@ def make_handler(state: PeerState):
 class Peer:
   """Context manager: a threaded server on an ephemeral port; `base_url` ends in /v1."""
 
-  def __init__(self, state: PeerState | None = None):
+  def __init__(self, state: PeerState | None = None, server: http.server.HTTPServer | None = None):
     self.state = state or PeerState()
-    self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
+    self.server = server or http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
     self.server.daemon_threads = True
     self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
