@@ -20,4 +20,4 @@ shift 2
 printf -v args '%q ' "$@"
 remote_dir="${JAXAGENT_DIR:-jaxagent}"  # the checkout on each worker, relative to its home directory
 gcloud compute tpus tpu-vm ssh "$tpu_name" --zone="$zone" --worker=all \
-  --command="cd $remote_dir && PYTHONUNBUFFERED=1 python -m jaxagent.main --config.distributed=True $args"
+  --command="cd $remote_dir && PYTHONUNBUFFERED=1 python -m jaxagent.main $args--config.distributed=True"
