@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import re
 import socket
 import threading
 import time
@@ -118,6 +119,11 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
   if PLACEHOLDER not in task.start_url:
     return task
   base_url = base_url or ensure_server(task.seed)
+  served = world_seed(base_url)
+  if served != task.seed:
+    raise ValueError(f"Task {task.id!r} belongs to world seed {task.seed}, but the site server at {base_url} serves "
+                     f"world seed {served}: its products, posts and answers would not match the task's evaluator. "
+                     f"Serve SiteServer(seed={task.seed}) (the recipes: tasks and server both follow tasks.seed)")
   session = session or new_session()
   meta = dict(task.meta)
   for key in ("home_url",):
@@ -126,6 +132,17 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
   meta.update(session=session, base_url=base_url, state_url=f"{base_url}/__state__/{session}")
   return dataclasses.replace(task, start_url=resolve(task.start_url, base_url, session), meta=meta,
                              allowed_origins=(base_url,))
+
+
+def world_seed(base_url: str, timeout: float = 10.0) -> int:
+  """The world seed a site server serves (its `/healthz` says `ok seed=N ...`); asked at every binding, since a
+  port may be reused by a server of another world."""
+  r = httpx.get(f"{base_url.rstrip('/')}/healthz", timeout=timeout)
+  r.raise_for_status()
+  found = re.search(r"\bseed=(-?\d+)", r.text)
+  if found is None:
+    raise RuntimeError(f"{base_url}/healthz does not name its world seed: {r.text[:100]!r}")
+  return int(found.group(1))
 
 
 def fetch_state(base_url: str, session: str, timeout: float = 10.0) -> dict:

@@ -115,3 +115,14 @@ def test_serve_command_runs_alone():
   finally:
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def test_a_task_is_never_bound_to_a_server_of_another_world():
+  """A world-1 task on a world-0 server would be judged against products it was not written for."""
+  from jaxagent.envs import sites
+  world1 = sites.select(1, "device", "shop_category_sort", 8)["train"][0]
+  with server.SiteServer(seed=0) as world0_server, server.SiteServer(seed=1) as world1_server:
+    with pytest.raises(ValueError, match=r"world seed 1, but the site server .* serves world seed 0"):
+      server.episode_task(world1, base_url=world0_server.base_url)
+    bound = server.episode_task(world1, base_url=world1_server.base_url)
+    assert bound.start_url.startswith(world1_server.base_url)

@@ -114,13 +114,15 @@ def test_unknown_site_fails_before_any_server_or_browser():
 
 def test_episode_task_binds_a_session(suite):
   t = next(t for t in suite["test"] if t.profile == "device")
-  bound = sites.episode_task(t, base_url="http://127.0.0.1:9", session="ep1")
-  assert bound.start_url == "http://127.0.0.1:9/s/ep1/launcher/"
-  assert bound.meta["home_url"] == "http://127.0.0.1:9/s/ep1/launcher/"
-  assert bound.meta["state_url"] == "http://127.0.0.1:9/__state__/ep1"
-  assert bound.allowed_origins == ("http://127.0.0.1:9",)
-  other = sites.episode_task(t, base_url="http://127.0.0.1:9")
-  assert other.meta["session"] != "ep1"
+  with server.SiteServer(seed=t.seed) as served:  # binding asks the server which world it serves
+    url = served.base_url
+    bound = sites.episode_task(t, base_url=url, session="ep1")
+    assert bound.start_url == f"{url}/s/ep1/launcher/"
+    assert bound.meta["home_url"] == f"{url}/s/ep1/launcher/"
+    assert bound.meta["state_url"] == f"{url}/__state__/ep1"
+    assert bound.allowed_origins == (url,)
+    other = sites.episode_task(t, base_url=url)
+    assert other.meta["session"] != "ep1"
 
 
 def test_select_filters_families_caps_steps_and_names_the_choices():
