@@ -34,10 +34,11 @@ setup(
         "uvicorn",
         "python-multipart",  # form posts on the bundled sites (starlette Request.form)
         "httpx",
+        "gguf>=0.17",  # GGUF import (models/hf/gguf.py): SmolLM2 and other llama.cpp files
     ],
     extras_require={
         "cuda12": ["jax[cuda12]>=0.10"],
-        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "accelerate"],  # accelerate: transformers' gguf_file
         # BrowserGym (benchmarks/env_throughput.py's reference) pins an older Playwright: install it with
         # --no-deps as that benchmark's docstring says, not through an extra.
         "bench": ["torch==2.13.0"],

@@ -101,7 +101,8 @@ def base_config(staged: bool = False) -> ml_collections.ConfigDict:
 def vlm_model() -> ml_collections.ConfigDict:
   """`config.model` for the tiny VLM every CPU default trains (IL, Digi-Q, OpenWebVoyager).
 
-  `kind`: "vlm" | "decoder"; `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), "" =
+  `kind`: "vlm" | "decoder"; `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), a
+  `.gguf` file, or `smollm2` (SmolLM2-135M-Instruct, a real pretrained decoder available offline), "" =
   random init; `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer).
   """

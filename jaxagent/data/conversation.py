@@ -2,9 +2,11 @@
 
 Format (`reference/algorithms.md` §2.2–2.3): `{"id", "images": [paths], "conversations": [{"from": "human" |
 "gpt", "value"}]}`, `<image>` placeholders in human turns, one per entry of `images`, in order. Turns are
-rendered with the idefics2-style chat template of `data/tokenizer.py` (the same string
-`tokenizer.apply_chat_template` gives at inference), tokenised once, and the loss mask comes from character
-offsets: a token carries loss iff it lies in an assistant turn's content or its closing `<end_of_utterance>`
+rendered with the tokenizer's chat template (`render_chat`): our tiny models' idefics2-style template of
+`data/tokenizer.py` by hand (`render`), a checkpoint's own (LLaVA-1.5's `USER:/ASSISTANT:`, Llama-3's headers,
+ChatML, ...) through `apply_chat_template`; acting and serving render the same bytes (`generation_prompt`).
+The text is tokenised once, and the loss mask comes from character offsets: a token carries loss iff it lies
+in an assistant turn's content or its closing marker (`<end_of_utterance>`, `<|im_end|>`, `</s>`, ...)
 (Megatron's `get_answer_mask`, §2.5). Each `<image>` then expands to `num_image_tokens` image-token ids, which
 never carry loss.
 """
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
 
-from jaxagent.data.tokenizer import END_OF_UTTERANCE, IMAGE_TOKEN
+from jaxagent.data.tokenizer import CHAT_TEMPLATE, END_OF_UTTERANCE, IMAGE_TOKEN
 
 ROLES = {"human": "user", "gpt": "assistant"}
 
@@ -87,6 +90,70 @@ def render(conversations: list[dict], bos: str = "<s>") -> tuple[str, list[tuple
   return "".join(parts), spans
 
 
+def own_template(tokenizer) -> bool:
+  """Whether `tokenizer` uses our idefics2-style template (rendered by `render`) rather than its own."""
+  return tokenizer.chat_template in (None, CHAT_TEMPLATE)
+
+
+def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+  return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def to_parts(value: str) -> list[dict]:
+  """A turn's value as OpenAI/HF content parts: `<image>` (and the newline after it) an image part, the rest
+  text parts (the inverse of `from_messages`' join)."""
+  parts = []
+  for piece in re.split(f"({re.escape(IMAGE_TOKEN)})\n?", value):
+    if piece == IMAGE_TOKEN:
+      parts.append({"type": "image"})
+    elif piece:
+      parts.append({"type": "text", "text": piece})
+  return parts
+
+
+def template_messages(conversations: list[dict], tokenizer) -> list[dict]:
+  """HF chat messages in the form the tokenizer's template reads: string contents (text templates: ChatML,
+  Llama-3, ...) or content parts (processor templates that iterate `message['content']`: LLaVA's, idefics2's)."""
+  probe = [{"role": "user", "content": "probe-text"}]
+  try:
+    reads_strings = "probe-text" in _apply(tokenizer, probe, False)
+  except Exception:  # pylint: disable=broad-except  # a template that iterates parts fails on a string
+    reads_strings = False
+  if reads_strings:
+    return to_messages(conversations)
+  return [{"role": ROLES[t["from"]], "content": to_parts(t["value"])} for t in conversations]
+
+
+def render_chat(conversations: list[dict], tokenizer) -> tuple[str, list[tuple[int, int]]]:
+  """`render` for any tokenizer: the text its chat template gives and the assistant spans that carry loss.
+
+  With a checkpoint's own template an assistant turn's span is what the template adds after the prompt that
+  asks for it (`add_generation_prompt=True`): its content and closing marker. A template whose rendering of a
+  conversation does not start with that prompt (it rewrites earlier turns) cannot give spans and is refused.
+  """
+  if own_template(tokenizer):
+    return render(conversations, tokenizer.bos_token or "")
+  messages = template_messages(conversations, tokenizer)
+  text, spans = _apply(tokenizer, messages, False), []
+  for i, turn in enumerate(conversations):
+    if turn["from"] != "gpt":
+      continue
+    prompt, upto = _apply(tokenizer, messages[:i], True), _apply(tokenizer, messages[:i + 1], False)
+    if not (upto.startswith(prompt) and text.startswith(upto)):
+      raise ConversationError(f"the tokenizer's chat template does not render assistant turn {i} as a suffix of "
+                              "the prompt that asks for it; loss spans cannot be found (use a template whose "
+                              "renderings extend each other, or the default tokenizer)")
+    spans.append((len(prompt), len(upto)))
+  return text, spans
+
+
+def generation_prompt(conversations: list[dict], tokenizer) -> str:
+  """The text the model continues for the next assistant turn, as training rendered the earlier ones."""
+  if own_template(tokenizer):
+    return render(conversations, tokenizer.bos_token or "")[0] + "Assistant:"
+  return _apply(tokenizer, template_messages(conversations, tokenizer), True)
+
+
 def from_messages(messages: list[dict]) -> list[dict] | None:
   """Training turns for HF chat messages of users and assistants (None if another role is present). A list
   content becomes one value with its parts joined by newlines, an image part as `<image>`, the way training
@@ -110,7 +177,7 @@ def to_messages(conversations: list[dict]) -> list[dict]:
 
 def tokenize(item: dict, tokenizer, num_image_tokens: int) -> tuple[np.ndarray, np.ndarray]:
   """(ids, loss) for the whole rendered sample, `<image>` expanded; loss is 1 on assistant tokens only."""
-  text, spans = render(item["conversations"], tokenizer.bos_token or "")
+  text, spans = render_chat(item["conversations"], tokenizer)
   enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
   ids = np.asarray(enc["input_ids"], np.int32)
   starts = np.asarray([s for s, _ in enc["offset_mapping"]])

@@ -77,14 +77,19 @@ def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
   return path
 
 
-def load_tokenizer(path: str | None = None):
-  """A checkpoint directory's tokenizer, or (path None/"default") the embedded default's."""
+def load_tokenizer(path: str | None = None, *, require_image_token: bool = True):
+  """A checkpoint directory's tokenizer, or (path None/"default") the embedded default's.
+
+  `path` may also be `smollm2` or a `.gguf` file (`models.hf.gguf.checkpoint_dir`). A VLM's tokenizer must
+  have the `<image>` token; a text decoder's (`require_image_token=False`) need not.
+  """
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+  from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
   if path in (None, "", "default"):
     path = default_tokenizer_dir()
-  tok = AutoTokenizer.from_pretrained(path)
+  tok = AutoTokenizer.from_pretrained(gguf.checkpoint_dir(path))
   missing = [t for t in (IMAGE_TOKEN,) if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
-  if missing:
+  if missing and require_image_token:
     raise ValueError(f"tokenizer at {path} has no {missing} token; the IL pipeline needs it for image "
                      "placeholders (add it as a special token)")
   if tok.chat_template is None:

@@ -71,7 +71,8 @@ def _from_hf(config) -> BuiltModel:
   from jaxagent import sharding  # pylint: disable=g-import-not-at-top
   from jaxagent.models import flops, llama, vit, vlm  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import llama as hf_llama, llava as hf_llava  # pylint: disable=g-import-not-at-top
-  path, seq_len = config.model.hf_checkpoint, int(config.data.seq_len)
+  from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
+  path, seq_len = gguf.checkpoint_dir(config.model.hf_checkpoint), int(config.data.seq_len)
   mesh = lambda: sharding.make_mesh(dict(config.mesh))
   if config.model.kind == "decoder":
     dcfg = llama.DecoderConfig.from_hf(hf_llama.read_config(path))

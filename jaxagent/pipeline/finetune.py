@@ -58,7 +58,8 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   `seq_length` does in OpenWebVoyager's training).
   """
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = load_tokenizer(config.data.tokenizer or config.model.hf_checkpoint or None)
+  tokenizer = load_tokenizer(config.data.tokenizer or config.model.hf_checkpoint or None,
+                             require_image_token=config.model.kind == "vlm")
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
     write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))

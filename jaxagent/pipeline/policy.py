@@ -1,8 +1,9 @@
 """A trained model as an acting `Policy`, prompted byte for byte as it was trained.
 
 The training samples are conversations (`{"from": "human"|"gpt", "value"}` turns with `<image>` markers)
-rendered by `data.conversation.render`; the policy builds the same turns for the current observation (the
-recipe's `prompt_fn`), renders them with that same function, and hands the engine the text up to `Assistant:`
+rendered by `data.conversation.render_chat`; the policy builds the same turns for the current observation (the
+recipe's `prompt_fn`), renders them with the same template, and hands the engine the text up to the assistant's
+header
 with the images its `<image>` markers name. All rows of one `act` call are one engine call (one sampler batch).
 """
 
@@ -20,9 +21,17 @@ from jaxagent.serving.engine import Engine, GenerationRequest, RequestError
 PromptFn = Callable[[types.Observation, Sequence[types.Step]], tuple[list[dict], list]]
 
 
-def render_prompt(turns: list[dict], bos: str) -> str:
-  """The training render of `turns` followed by the assistant's header: the text the model continues."""
-  return conversation.render(turns, bos)[0] + "Assistant:"
+def render_prompt(turns: list[dict], tokenizer) -> str:
+  """The training render of `turns` followed by the assistant's header: the text the model continues.
+
+  The engine tokenises a text prompt with the tokenizer's special tokens; a template that writes the BOS itself
+  (Llama-3's) loses its textual one here, so the ids are the ones training saw.
+  """
+  text = conversation.generation_prompt(turns, tokenizer)
+  bos = tokenizer.bos_token
+  if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+    text = text[len(bos):]
+  return text
 
 
 class VLMPolicy:
@@ -36,7 +45,6 @@ class VLMPolicy:
                max_batch: int = 32, seed: int = 0):
     self.engine = Engine(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
     self.loaded, self.fmt, self.prompt_fn = loaded, fmt, prompt_fn
-    self.bos = loaded.tokenizer.bos_token or ""
     self.temperature, self.max_tokens = float(temperature), int(max_tokens)
     self.stats = collections.Counter()
 
@@ -48,7 +56,7 @@ class VLMPolicy:
     for i, (row_turns, row_images) in enumerate(zip(turns, images)):
       try:
         prepared.append(self.engine.prepare(GenerationRequest(
-            prompt=render_prompt(row_turns, self.bos), images=list(row_images), max_tokens=self.max_tokens,
+            prompt=render_prompt(row_turns, self.loaded.tokenizer), images=list(row_images), max_tokens=self.max_tokens,
             temperature=t)))
         rows.append(i)
       except RequestError:

@@ -152,7 +152,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
 def _load_hf(path: str) -> LoadedPolicy:
   hf = _read_json(os.path.join(path, "config.json"))
   meta = _read_json(os.path.join(path, POLICY_FILE)) if os.path.exists(os.path.join(path, POLICY_FILE)) else {}
-  tokenizer = load_tokenizer(path)
+  tokenizer = load_tokenizer(path, require_image_token="vision_config" in hf)
   mesh = _one_device_mesh()
   name = meta.get("name") or os.path.basename(os.path.normpath(path))
   if "vision_config" in hf:
@@ -170,8 +170,10 @@ def _load_hf(path: str) -> LoadedPolicy:
 
 
 def load_policy(path: str, *, config=None, step: int | None = None) -> LoadedPolicy:
-  """The policy at `path` (a training workdir, one of its step directories, an export, or a HF directory)."""
-  path = os.path.abspath(os.path.expanduser(path))
+  """The policy at `path` (a training workdir, one of its step directories, an export, a HF directory, a
+  `.gguf` file, or `smollm2`)."""
+  from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(os.path.expanduser(gguf.checkpoint_dir(path)))
   if not os.path.isdir(path):
     raise FileNotFoundError(f"policy checkpoint {path!r} is not a directory")
   workdir, step_in_path = _step_dir(path)

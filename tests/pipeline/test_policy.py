@@ -18,7 +18,7 @@ def test_policy_prompt_is_the_training_render_of_the_same_turn():
   turns, images = digiq_data.prompt_fn(obs, [])
   sample = digiq_data.sample("s", "img.png", digiq_data.FORMAT.build_prompt(obs.intent, obs, []), "ACTION")
   trained, _ = conversation.render(sample["conversations"], loaded.tokenizer.bos_token)
-  prompt = render_prompt(turns, loaded.tokenizer.bos_token)
+  prompt = render_prompt(turns, loaded.tokenizer)
   assert trained.startswith(prompt) and trained[len(prompt):] == " ACTION<end_of_utterance>\n"
   assert len(images) == 1 and prompt.count(IMAGE_TOKEN) == 1
   policy = VLMPolicy(loaded, digiq_data.FORMAT, digiq_data.prompt_fn, temperature=0.0, max_tokens=4, max_batch=2)
@@ -29,4 +29,4 @@ def test_engine_renders_chat_messages_as_training_does():
   engine = Engine(random_policy("vlm", seed=0, image_size=32), max_batch=1)
   messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Goal: x"}]}]
   turns = [{"from": "human", "value": f"{IMAGE_TOKEN}\nGoal: x"}]
-  assert engine.render(messages) == render_prompt(turns, engine.policy.tokenizer.bos_token)
+  assert engine.render(messages) == render_prompt(turns, engine.policy.tokenizer)

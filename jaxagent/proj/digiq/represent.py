@@ -46,7 +46,7 @@ class Encoder:
     self.image_id = loaded.image_token_id
 
   def _ids(self, prompt: str) -> np.ndarray:
-    text = render_prompt([{"from": "human", "value": prompt}], self.tokenizer.bos_token or "")
+    text = render_prompt([{"from": "human", "value": prompt}], self.tokenizer)
     ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
     return np.repeat(ids, np.where(ids == self.image_id, self.loaded.num_image_tokens, 1)).astype(np.int32)
 
