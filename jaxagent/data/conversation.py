@@ -185,6 +185,8 @@ def tokenize(item: dict, tokenizer, num_image_tokens: int) -> tuple[np.ndarray, 
   for s, e in spans:
     loss |= (starts >= s) & (starts < e)
   image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+  if image_id in (None, tokenizer.unk_token_id) and num_image_tokens == 1:
+    return ids, loss  # a text decoder's own tokenizer: `<image>` stays plain text, as the images are not seen
   is_image = ids == image_id
   if is_image.sum() != len(item["images"]):
     raise ConversationError(f"sample {item['id']!r}: the tokenizer produced {is_image.sum()} {IMAGE_TOKEN} "

@@ -69,6 +69,7 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
     if value is None:
       raise ConfigError(f"config.{key} is required here (this variant has no default for it); "
                         f"set --config.{key}=...")
-    if key.rsplit(".", 1)[-1] in PATH_KEYS and value and value != "default" and not os.path.exists(value):
+    named = value in ("default", "smollm2") if key.rsplit(".", 1)[-1] == "hf_checkpoint" else value == "default"
+    if key.rsplit(".", 1)[-1] in PATH_KEYS and value and not named and not os.path.exists(value):
       raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "
                         f"(--config.{key}=DIR) or '' for the default")

@@ -155,3 +155,18 @@ def test_smollm2_serves_a_chat_answer_through_the_openai_client():
   finally:
     batcher.close()
   assert "Paris" in reply.choices[0].message.content
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_trains_text_samples_with_its_chatml_template():
+  """A decoder's own tokenizer without `<image>`: placeholders stay text, the loss is on ChatML replies."""
+  from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
+  from jaxagent.data.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  tok = load_tokenizer("smollm2", require_image_token=False)
+  item = {"id": "x", "images": ["a.png"], "conversations": [{"from": "human", "value": "<image>\nGoal: buy tea"},
+                                                            {"from": "gpt", "value": "click [3]"}]}
+  ids, loss = conversation.tokenize(item, tok, num_image_tokens=1)
+  assert tok.decode(ids[loss.astype(bool)].tolist()) == "click [3]<|im_end|>\n"
+  assert "<image>" in tok.decode(ids.tolist())
+  with pytest.raises(ValueError, match="has no"):
+    load_tokenizer("smollm2")
