@@ -1,0 +1,211 @@
+"""Evaluate any policy on any task suite: success with a Wilson 95 % interval per seed, the mean and spread over
+seeds, a per-task table, mean steps, `results.json` and an HTML report of the trajectories.
+
+    python -m jaxagent.evaluate --policy W/actor --suite sites:device/test --episodes 100 --seeds 0,1,2 --out E
+    python -m jaxagent.evaluate --policy expert --suite sites:web/test/shop_price,forum_author --out E
+    python -m jaxagent.evaluate --policy openai --model M --base-url http://host:8000/v1 --suite miniwob:click-button
+    python -m jaxagent.evaluate --policy W/il --suite file:tasks.jsonl --format autoui --out E
+
+`--policy`: a checkpoint directory (a recipe stage, a training workdir, an export, a HF directory, `smollm2`),
+`expert` (the bundled sites' scripted expert) or `openai` (an OpenAI-compatible server: `--base-url`,
+`--model`, key from $OPENAI_API_KEY). `--suite`: `sites:PROFILE/SPLIT[/FAMILY,...]` (the bundled sites' tasks of
+one profile, split and template families, generated for each seed's world), `miniwob:TASK,...` (MiniWoB++ tasks,
+one episode seed per draw), or `file:TASKS.jsonl`. Each seed draws `--episodes` episodes with its own seed (and,
+for the sites, its own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from jaxagent import types
+
+# The agent format a profile's policies speak by default, and the observation each needs.
+PROFILE_FORMAT = {"device": "autoui", "web": "webvoyager", "text": "webrl", "miniwob": "webvoyager"}
+OBSERVATION = {"autoui": "screenshot", "webvoyager": "som", "webvoyager_text": "a11y",
+               "webvoyager_actree_image": "a11y", "openwebvoyager": "a11y", "webrl": "html"}
+
+
+@dataclasses.dataclass
+class Suite:
+  kind: str  # sites | miniwob | file
+  profile: str
+  split: str = "test"
+  families: str = ""
+  names: tuple[str, ...] = ()
+  path: str = ""
+
+  @classmethod
+  def parse(cls, spec: str) -> "Suite":
+    kind, _, rest = spec.partition(":")
+    if kind == "sites":
+      parts = rest.split("/")
+      if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ValueError(f"--suite {spec!r}: write sites:PROFILE/SPLIT[/FAMILY,...], e.g. sites:device/test")
+      return cls("sites", parts[0], parts[1], parts[2] if len(parts) == 3 else "")
+    if kind == "miniwob":
+      names = tuple(n.strip() for n in rest.split(",") if n.strip())
+      if not names:
+        raise ValueError(f"--suite {spec!r}: name the MiniWoB tasks, e.g. miniwob:click-button,click-link")
+      return cls("miniwob", "miniwob", names=names)
+    if kind == "file":
+      if not os.path.isfile(rest):
+        raise ValueError(f"--suite {spec!r}: {rest!r} is not a task file")
+      return cls("file", "", path=rest)
+    raise ValueError(f"--suite {spec!r}: start with sites:, miniwob: or file:")
+
+  def tasks(self, seed: int) -> list[types.Task]:
+    """The suite's tasks for `seed` (for the sites, generated in world `seed`)."""
+    if self.kind == "sites":
+      from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
+      suites = sites.select(seed, self.profile, self.families)
+      if self.split not in suites:
+        raise ValueError(f"--suite: split {self.split!r} is not one of {sorted(suites)}")
+      return suites[self.split]
+    if self.kind == "miniwob":
+      from jaxagent.envs import miniwob  # pylint: disable=g-import-not-at-top
+      return miniwob.suite(self.names, seeds=[seed])
+    from jaxagent.pipeline.tasks import read_tasks  # pylint: disable=g-import-not-at-top
+    return read_tasks(self.path)
+
+
+def env_spec(suite: Suite, tasks: list[types.Task], fmt: str, expert: bool, base_url: str) -> dict[str, Any]:
+  """The pool spec: MiniWoB, or the bundled sites at `base_url` (a server of the episodes' world)."""
+  observation = OBSERVATION.get(fmt, "screenshot")
+  profile = suite.profile or (tasks[0].profile if tasks else "web")
+  if profile == "miniwob":
+    return {"kind": "miniwob", "observation": "som" if expert else observation}
+  spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile, "observation": observation,
+          "base_url": base_url}
+  if expert:
+    from jaxagent.envs.sites.expert import FORMAT_OBSERVATION  # pylint: disable=g-import-not-at-top
+    spec.update(observation=FORMAT_OBSERVATION[fmt], oracle_targets=True,
+                **({"som_draw": False} if profile == "device" else {}))
+  return spec
+
+
+def world_of(suite: Suite, tasks: list[types.Task], seed: int) -> int | None:
+  """The site world the episodes live in (None for MiniWoB): the seed's for a sites suite, the file's own."""
+  if (suite.profile or (tasks[0].profile if tasks else "")) == "miniwob":
+    return None
+  return seed if suite.kind == "sites" else _file_world(tasks)
+
+
+def _file_world(tasks: list[types.Task]) -> int:
+  seeds = {t.seed for t in tasks}
+  if len(seeds) != 1:
+    raise ValueError(f"the task file mixes worlds {sorted(seeds)}; one file per world seed (task.seed)")
+  return seeds.pop()
+
+
+def make_policy(args, fmt: str, seed: int):
+  if args.policy == "expert":
+    from jaxagent.envs.sites.expert import ScriptedExpert  # pylint: disable=g-import-not-at-top
+    return ScriptedExpert(fmt)
+  if args.policy == "openai":
+    from jaxagent.policies import OpenAIPolicy  # pylint: disable=g-import-not-at-top
+    if not args.model:
+      raise ValueError("--policy openai needs --model (and --base-url for a server other than OpenAI's)")
+    return OpenAIPolicy({"base_url": args.base_url, "model": args.model, "agent_format": fmt,
+                         "temperature": args.temperature, "max_tokens": args.max_tokens, "seed": seed})
+  from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
+  loaded = load_policy(args.policy)
+  if fmt == "autoui":  # the phone recipes' own prompt (the training render of the AutoUI turn)
+    from jaxagent.pipeline import device  # pylint: disable=g-import-not-at-top
+    from jaxagent.pipeline.policy import VLMPolicy  # pylint: disable=g-import-not-at-top
+    return VLMPolicy(loaded, device.PARSERS[args.parse], device.prompt_fn, temperature=args.temperature,
+                     max_tokens=args.max_tokens, max_batch=args.max_batch, seed=seed)
+  from jaxagent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
+  return ModelPolicy(loaded, fmt, temperature=args.temperature, max_tokens=args.max_tokens)
+
+
+def evaluate(args) -> dict:
+  from jaxagent.envs.sites.server import SiteServer  # pylint: disable=g-import-not-at-top
+  from jaxagent.judges.evaluators import ProgrammaticJudge  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline import report  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.rollout import rollout  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.tasks import draw_episodes  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  suite = Suite.parse(args.suite)
+  env = ml_collections.ConfigDict({"workers": args.workers, "step_timeout": 60.0, "reset_timeout": 90.0,
+                                   "errored_retries": 2})
+  per_seed, tables, all_trajs = {}, {}, []
+  for seed in args.seeds:
+    tasks = suite.tasks(seed)
+    fmt = args.format or PROFILE_FORMAT.get(suite.profile or (tasks[0].profile if tasks else "web"), "webvoyager")
+    episodes = draw_episodes(tasks, args.episodes, seed, tag=f"eval{seed}.")
+    store_dir = os.path.join(args.out, f"seed{seed}", "episodes")
+    policy = make_policy(args, fmt, seed)
+    print(f"seed {seed}: {len(episodes)} episodes of {len(tasks)} tasks ({args.suite}), format {fmt}", flush=True)
+    world = world_of(suite, tasks, seed)
+    server = None if world is None else SiteServer(seed=world).start()
+    try:
+      spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "")
+      trajs = rollout(spec, env, policy, episodes, store_dir, judge=ProgrammaticJudge(), name=str(args.policy),
+                      progress=True)
+    finally:
+      if server is not None:
+        server.stop()
+    per_seed[seed] = report.summary(trajs)
+    tables[seed] = report.per_task(trajs)
+    all_trajs.append((seed, trajs, store_dir))
+  headline = report.over_seeds(per_seed)
+  results = {"policy": args.policy, "suite": args.suite, "format": args.format or "profile default",
+             "temperature": args.temperature, "episodes_per_seed": args.episodes,
+             "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
+             "per_task": {str(k): v for k, v in tables.items()}}
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  for seed, trajs, root in all_trajs:
+    report.html_report(os.path.join(args.out, f"seed{seed}", "report.html"), f"{args.policy} on {args.suite}, "
+                       f"seed {seed}: {100 * per_seed[seed]['success_rate']:.1f} %", trajs, root)
+  print(report.table(per_seed, headline), flush=True)
+  print(f"results: {os.path.join(args.out, 'results.json')}; reports: {args.out}/seed<k>/report.html", flush=True)
+  return results
+
+
+def _seeds(text: str) -> list[int]:
+  try:
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"--seeds {text!r}: comma-separated integers, e.g. 0,1,2") from None
+  if not seeds:
+    raise argparse.ArgumentTypeError("--seeds: give at least one seed")
+  return seeds
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(prog="python -m jaxagent.evaluate", description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+  p.add_argument("--policy", required=True, help="a checkpoint directory, 'expert' or 'openai'")
+  p.add_argument("--suite", required=True, help="sites:PROFILE/SPLIT[/FAMILIES], miniwob:TASKS or file:PATH")
+  p.add_argument("--episodes", type=int, default=100, help="episodes per seed (drawn from the suite's tasks)")
+  p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated global seeds (default 0)")
+  p.add_argument("--out", required=True, help="output directory (stores, results.json, report.html)")
+  p.add_argument("--format", default="", help=f"agent format (default by profile: {PROFILE_FORMAT})")
+  p.add_argument("--parse", default="lenient", choices=("lenient", "faithful"), help="AutoUI parse rule")
+  p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (compare at the same one)")
+  p.add_argument("--max-tokens", type=int, default=128)
+  p.add_argument("--max-batch", type=int, default=32)
+  p.add_argument("--workers", type=int, default=2, help="browsers in the pool")
+  p.add_argument("--base-url", default="", help="--policy openai: the server (default $OPENAI_BASE_URL)")
+  p.add_argument("--model", default="", help="--policy openai: the model name")
+  args = p.parse_args(argv)
+  if args.episodes < 1:
+    p.error(f"--episodes={args.episodes} must be ≥ 1")
+  try:
+    Suite.parse(args.suite)
+  except ValueError as e:
+    p.error(str(e))
+  evaluate(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

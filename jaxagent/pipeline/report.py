@@ -1,0 +1,124 @@
+"""What an evaluation reports: success rates with Wilson intervals, per-task tables, the spread over seeds, and
+an HTML page of the trajectories (screenshots with each tap marked, the failed episodes first)."""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import statistics
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from jaxagent import types
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """The Wilson score interval for a binomial proportion (95 % by default), (0, 1) for n = 0.
+
+  Wilson (1927), JASA 22:209: centre (p + z²/2n) / (1 + z²/n), half-width z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n).
+  Unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0 or n successes.
+  """
+  if n <= 0:
+    return 0.0, 1.0
+  if not 0 <= successes <= n:
+    raise ValueError(f"wilson_interval: successes={successes} must be in [0, n={n}]")
+  p, z2 = successes / n, z * z
+  centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+  half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summary(trajs: Sequence[types.Trajectory]) -> dict:
+  """Success rate over the episodes that ran (errored ones are neither successes nor failures), its 95 %
+  Wilson interval, and the mean number of steps."""
+  ran = [t for t in trajs if t.status != "errored"]
+  k = sum(t.success == 1.0 for t in ran)
+  low, high = wilson_interval(k, len(ran))
+  return {"success_rate": k / len(ran) if ran else 0.0, "successes": k, "episodes": len(ran),
+          "errored": len(trajs) - len(ran), "ci95": [low, high],
+          "mean_steps": float(np.mean([len(t.steps) for t in ran])) if ran else 0.0}
+
+
+def task_key(task: types.Task) -> str:
+  """The task an episode is an instance of: its id without the `@<draw>` suffix `draw_episodes` adds."""
+  return task.id.split("@", 1)[0]
+
+
+def per_task(trajs: Sequence[types.Trajectory]) -> dict[str, dict]:
+  groups: dict[str, list[types.Trajectory]] = {}
+  for t in trajs:
+    groups.setdefault(task_key(t.task), []).append(t)
+  return {key: {**summary(g), "intent": g[0].task.intent, "template": g[0].task.template}
+          for key, g in sorted(groups.items())}
+
+
+def over_seeds(per_seed: Mapping[int, dict]) -> dict:
+  """The headline: mean success rate over seeds with its sample standard deviation and range."""
+  rates = [s["success_rate"] for s in per_seed.values()]
+  return {"mean": statistics.fmean(rates) if rates else 0.0,
+          "std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+          "min": min(rates, default=0.0), "max": max(rates, default=0.0), "seeds": sorted(per_seed)}
+
+
+def table(per_seed: Mapping[int, dict], headline: dict) -> str:
+  lines = ["| seed | success | 95 % Wilson | episodes | errored | mean steps |", "|---|---|---|---|---|---|"]
+  for seed, s in sorted(per_seed.items()):
+    lines.append(f"| {seed} | {100 * s['success_rate']:.1f} % | [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}] "
+                 f"| {s['episodes']} | {s['errored']} | {s['mean_steps']:.1f} |")
+  lines.append(f"| mean ± std | {100 * headline['mean']:.1f} ± {100 * headline['std']:.1f} % | | | | |")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- HTML
+
+
+def _mark(image_path: str, action: types.Action | None, out_path: str) -> str:
+  """A copy of the screenshot with the action's tap (and a swipe's lift point) drawn on it."""
+  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+  image = Image.open(image_path).convert("RGB")
+  if action is not None and action.x is not None and action.y is not None:
+    draw = ImageDraw.Draw(image)
+    scale = (image.width, image.height) if action.normalized else (1.0, 1.0)
+    r = max(4, image.width // 40)
+    points = [(action.x, action.y)] + ([(action.x2, action.y2)] if action.x2 is not None else [])
+    xy = [(px * scale[0], py * scale[1]) for px, py in points]
+    if len(xy) == 2:
+      draw.line(xy, fill=(255, 0, 0), width=max(2, r // 2))
+    for cx, cy in xy[:1]:
+      draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=(255, 0, 0), width=max(2, r // 3))
+  image.save(out_path)
+  return out_path
+
+
+def html_report(path: str, title: str, trajs: Sequence[types.Trajectory], store_root: str,
+                max_episodes: int = 200) -> str:
+  """`path` (an .html file) with each episode's steps: screenshot with the tap marked, the model's output, the
+  verdict; failed and errored episodes first. Marked images are written next to it."""
+  out_dir = os.path.dirname(os.path.abspath(path))
+  img_dir = os.path.join(out_dir, "report_images")
+  os.makedirs(img_dir, exist_ok=True)
+  order = sorted(trajs, key=lambda t: (t.status != "errored", t.success == 1.0, t.task.id))[:max_episodes]
+  parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>",
+           "<style>body{font-family:sans-serif;margin:1em}details{margin:.5em 0;border:1px solid #ccc;padding:.3em}"
+           ".ok{color:#070}.bad{color:#b00}.steps{display:flex;flex-wrap:wrap;gap:.5em}figure{margin:0;width:220px}"
+           "figure img{width:220px;border:1px solid #999}figcaption{font-size:11px;white-space:pre-wrap;"
+           "word-break:break-word}</style>", f"<h1>{html.escape(title)}</h1>"]
+  for n, t in enumerate(order):
+    verdict = "errored" if t.status == "errored" else ("success" if t.success == 1.0 else "failure")
+    cls = "ok" if verdict == "success" else "bad"
+    parts.append(f"<details{' open' if n < 5 and verdict != 'success' else ''}><summary class={cls}>"
+                 f"<b>{verdict}</b> {html.escape(t.task.id)}: {html.escape(t.task.intent)} ({len(t.steps)} steps)"
+                 f"</summary><p>{html.escape(t.verdict_reason or t.error)}</p><div class=steps>")
+    for s in t.steps:
+      img = ""
+      if s.image_path and os.path.exists(os.path.join(store_root, s.image_path)):
+        name = f"{n:04d}_{s.step:02d}.png"
+        _mark(os.path.join(store_root, s.image_path), s.action, os.path.join(img_dir, name))
+        img = f"<img src='report_images/{name}' loading=lazy>"
+      parts.append(f"<figure>{img}<figcaption>{s.step}: {html.escape(s.action_text[-300:])}</figcaption></figure>")
+    parts.append("</div></details>")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(parts))
+  return path

@@ -1,0 +1,66 @@
+"""The standalone evaluator: Wilson intervals against hand-computed values, suite parsing, and a real run of the
+scripted expert on the bundled sites over two seeds (two worlds), with its results.json and HTML report."""
+
+import json
+import os
+
+import pytest
+
+from jaxagent import evaluate
+from jaxagent.pipeline import report
+
+
+@pytest.mark.parametrize("k,n,low,high", [
+    (5, 10, 0.2366, 0.7634),  # centre 0.5, half-width 1.96·sqrt(.025 + 1.96²/400) / (1 + 1.96²/10)
+    (0, 10, 0.0, 0.2775),  # not degenerate at 0 successes, unlike p ± 1.96·sqrt(p(1-p)/n)
+    (10, 10, 0.7225, 1.0),
+    (16, 100, 0.1010, 0.2442),
+])
+def test_wilson_interval_matches_hand_computation(k, n, low, high):
+  lo, hi = report.wilson_interval(k, n)
+  assert lo == pytest.approx(low, abs=1e-4) and hi == pytest.approx(high, abs=1e-4)
+
+
+def test_wilson_interval_edges():
+  assert report.wilson_interval(0, 0) == (0.0, 1.0)
+  with pytest.raises(ValueError, match="successes=11"):
+    report.wilson_interval(11, 10)
+
+
+def test_over_seeds_is_mean_and_sample_std():
+  out = report.over_seeds({0: {"success_rate": 0.2}, 1: {"success_rate": 0.4}, 2: {"success_rate": 0.6}})
+  assert out["mean"] == pytest.approx(0.4) and out["std"] == pytest.approx(0.2) and out["seeds"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("spec,error", [("sites:device", "PROFILE/SPLIT"), ("miniwob:", "name the MiniWoB"),
+                                        ("file:/nowhere.jsonl", "not a task file"), ("webarena:x", "start with")])
+def test_bad_suites_are_refused_naming_the_form(spec, error):
+  with pytest.raises(ValueError, match=error):
+    evaluate.Suite.parse(spec)
+
+
+def test_sites_suite_selects_split_and_families():
+  suite = evaluate.Suite.parse("sites:device/test/shop_price")
+  tasks = suite.tasks(0)
+  assert tasks and {t.template for t in tasks} == {"shop_price"} and {t.split for t in tasks} == {"test"}
+  assert {t.seed for t in suite.tasks(1)} == {1}
+
+
+@pytest.mark.browser
+def test_expert_on_two_worlds_writes_results_and_report(tmp_path):
+  out = str(tmp_path / "eval")
+  evaluate.main(["--policy", "expert", "--suite", "sites:device/test/shop_price", "--episodes", "2",
+                 "--seeds", "0,1", "--out", out, "--workers", "1"])
+  results = json.load(open(os.path.join(out, "results.json")))
+  assert set(results["seeds"]) == {"0", "1"}
+  for seed in ("0", "1"):
+    s = results["seeds"][seed]
+    assert s["episodes"] == 2 and s["success_rate"] == 1.0 and s["ci95"][1] == 1.0 and s["mean_steps"] > 1
+    assert sum(t["episodes"] for t in results["per_task"][seed].values()) == 2
+  assert results["success_rate"]["mean"] == 1.0
+  page = open(os.path.join(out, "seed1", "report.html")).read()
+  assert page.count("<figure>") >= 4 and "report_images/" in page
+  # a rerun resumes: nothing left to run, the same figures
+  evaluate.main(["--policy", "expert", "--suite", "sites:device/test/shop_price", "--episodes", "2",
+                 "--seeds", "0,1", "--out", out, "--workers", "1"])
+  assert json.load(open(os.path.join(out, "results.json")))["seeds"] == results["seeds"]
