@@ -3,11 +3,14 @@
 Endpoints
   * `POST /v1/chat/completions`: OpenAI chat messages; content is a string or a list of parts, `text` and
     `image_url` with a `data:image/...;base64,` URL (remote URLs are refused: the server fetches nothing).
-    `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `stop`, `n` (1 only). `stream: true`
-    answers with server-sent events in the OpenAI chunk format; the chunks are sent once the batch that
-    holds the request has finished decoding (the sampler decodes inside one `jit`), so streaming keeps
-    clients compatible, it does not lower time-to-first-token. `seed` is accepted and ignored: requests
-    share a batch and its random key.
+    `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `stop`, `n` (≤ 16 independent samples),
+    `seed` (a choice's own sampling seed), `logprobs` + `top_logprobs` (≤ 20) in OpenAI's chat form, and
+    `stream: true`: server-sent events, one chunk per decoded token as it is decoded.
+  * `POST /v1/completions`: completion-mode prompts (a string or a list), the same sampling fields, `logprobs`
+    (an integer: top alternatives per token) in OpenAI's `tokens` / `token_logprobs` / `top_logprobs` /
+    `text_offset` form, `echo` (with `max_tokens: 0`, the prompt's own logprobs: what a scorer such as WebRL's
+    outcome reward model reads; the first prompt token's is null), `stream`.
+    Logprobs are the model's own at temperature 1 (log_softmax of its logits), whatever the sampling settings.
   * `GET /v1/models`: the one served model.
   * `POST /predict`: OpenWebVoyager's server shape (`reference/algorithms.md` §2.1): `{id, conversations:
     [{role, content}], images}` -> `{text, prompt_tokens, completion_tokens}`; `<image>` markers in the
@@ -16,9 +19,10 @@ Endpoints
     base64(pickle(list[PIL.Image])). Unpickling a client's bytes runs arbitrary code, so that form is refused
     unless the server was started with `--allow-pickle` (only for clients you trust, on loopback); otherwise
     send `images` as a list of base64 PNG/JPEG strings (or data URLs).
-  * `GET /stats`: the engine's counters (requests, sampler calls, batch sizes, tokens), `GET /health`.
+  * `GET /stats`: the engine's counters (requests, prefills, decode steps, active slots, tokens), `GET /health`.
 
-Concurrent requests are batched into the jitted sampler (`serving/batcher.py`, `serving/engine.py`). The
+Requests are decoded with continuous batching (`serving/continuous.py`): a request joins the running decode
+batch at the next step and leaves it when it ends. The
 server binds 127.0.0.1 unless `--host` says otherwise and has no authentication: expose it only behind
 something that has. Limits (request bytes, images per request, pixels per image, messages, new tokens,
 prompt tokens) answer 413/400 with a message naming the limit; every malformed request is a 4xx, and an
@@ -45,13 +49,14 @@ import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the handlers' string annotations here
 
 from jaxagent.data.tokenizer import IMAGE_TOKEN
-from jaxagent.serving.batcher import Batcher
+from jaxagent.serving.continuous import TOP_LOGPROBS, ContinuousEngine
 from jaxagent.serving.engine import Engine, GenerationRequest, RequestError
 
 log = logging.getLogger("jaxagent.serve")
 
 OWV_TEMPERATURE = 1.2  # OpenWebVoyager's hf_online_server.py
 OWV_MAX_NEW_TOKENS = 256
+MAX_N = 16  # choices per request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +221,8 @@ def _owv_images(images: Any, limits: Limits, allow_pickle: bool) -> list[Any]:
 # ------------------------------------------------------------------------------------------------ app
 
 
-def create_app(batcher: Batcher, model_name: str, *, limits: Limits = Limits(), allow_pickle: bool = False):
-  """The FastAPI app serving `batcher`'s engine as `model_name`."""
+def create_app(batcher: ContinuousEngine, model_name: str, *, limits: Limits = Limits(), allow_pickle: bool = False):
+  """The FastAPI app serving `batcher` (a `ContinuousEngine`) as `model_name`."""
   from fastapi import FastAPI  # pylint: disable=g-import-not-at-top
   from fastapi.responses import JSONResponse, StreamingResponse  # pylint: disable=g-import-not-at-top
 
@@ -273,44 +278,175 @@ def create_app(batcher: Batcher, model_name: str, *, limits: Limits = Limits(), 
 
   @app.get("/stats")
   async def stats():
-    return engine.stats()
+    return batcher.stats()
+
+  def check_model(body: dict):
+    model = body.get("model", model_name)
+    if model != model_name:
+      raise BadRequest(f"model {model!r:.80} is not served here; this server serves {model_name!r}", 404)
+
+  def sampling(body: dict, default_max: int) -> dict:
+    n = _number(body, "n", 1, int)
+    if not 1 <= n <= MAX_N:
+      raise BadRequest(f"'n' must be in [1, {MAX_N}]")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", default_max, int)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+      raise BadRequest(f"'seed' must be an integer, got {seed!r:.50}")
+    return {"n": n, "max_tokens": max_tokens, "temperature": _number(body, "temperature", 1.0),
+            "top_p": _number(body, "top_p", 1.0), "stop": _stop(body), "seed": seed}
+
+  def requests_for(prompt, params: dict, **extra) -> list[GenerationRequest]:
+    """`n` independent samples of one prompt (a fixed `seed` gives each choice its own offset)."""
+    n, seed = params["n"], params["seed"]
+    common = {k: v for k, v in params.items() if k not in ("n", "seed")}
+    return [GenerationRequest(prompt=prompt, seed=None if seed is None else seed + i, **common, **extra)
+            for i in range(n)]
+
+  def streamed(reqs: list[GenerationRequest], chunk_of, final_of):
+    """Server-sent events: one chunk per decoded token of each choice as it is decoded, then each choice's
+    final chunk, then [DONE]. `chunk_of(index, delta_text, token, logprob)`, `final_of(index, result)`."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    futures = []
+    for i, r in enumerate(reqs):
+      cb = lambda tok, lp, delta, i=i: loop.call_soon_threadsafe(events.put_nowait, ("token", i, tok, lp, delta))
+      fut = batcher.submit(r, on_token=cb)
+      fut.add_done_callback(lambda f, i=i: loop.call_soon_threadsafe(events.put_nowait, ("done", i, f)))
+      futures.append(fut)
+
+    async def gen():
+      pending = len(reqs)
+      while pending:
+        kind, i, *rest = await events.get()
+        if kind == "token":
+          tok, lp, delta = rest
+          if delta:
+            yield f"data: {json.dumps(chunk_of(i, delta, tok, lp))}\n\n"
+        else:
+          pending -= 1
+          future = rest[0]
+          if future.exception() is not None:
+            yield f"data: {json.dumps({'error': {'message': str(future.exception()), 'type': 'server_error'}})}\n\n"
+          else:
+            yield f"data: {json.dumps(final_of(i, future.result()))}\n\n"
+      yield "data: [DONE]\n\n"
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+  def usage_of(results) -> dict:
+    prompt = results[0].prompt_tokens if results else 0
+    completion = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+  def token_text(token: int) -> str:
+    return engine.policy.tokenizer.decode([token])
+
+  def chat_logprobs(result, k: int) -> dict:
+    content = []
+    for tok, lp, (ids, lps) in zip(result.tokens, result.token_logprobs, result.top_logprobs):
+      text = token_text(tok)
+      content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
+                      "top_logprobs": [{"token": token_text(t), "logprob": l, "bytes": list(token_text(t).encode())}
+                                       for t, l in zip(ids[:k], lps[:k])]})
+    return {"content": content}
 
   @app.post("/v1/chat/completions")
   @handle
   async def chat_completions(request: Request):
     body = await read_json(request)
-    model = body.get("model", model_name)
-    if model != model_name:
-      return error(404, f"model {model!r:.80} is not served here; this server serves {model_name!r}",
-                   "model_not_found")
-    if _number(body, "n", 1, int) != 1:
-      raise BadRequest("'n' must be 1 (one completion per request)")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", min(256, engine.max_new_tokens), int)
-    gen_request = GenerationRequest(
-        prompt=openai_messages_to_hf(body.get("messages"), limits), max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0), top_p=_number(body, "top_p", 1.0), stop=_stop(body))
-    result = await run(gen_request)
+    check_model(body)
+    params = sampling(body, min(256, engine.max_new_tokens))
+    want_logprobs = bool(body.get("logprobs", False))
+    k = _number(body, "top_logprobs", 0, int) if want_logprobs else 0
+    if not 0 <= k <= TOP_LOGPROBS:
+      raise BadRequest(f"'top_logprobs' must be in [0, {TOP_LOGPROBS}]")
+    reqs = requests_for(openai_messages_to_hf(body.get("messages"), limits), params)
     rid, now = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-             "total_tokens": result.prompt_tokens + result.completion_tokens}
     if body.get("stream"):
-      def chunk(delta: dict, finish: str | None, **extra) -> str:
-        obj = {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-        return f"data: {json.dumps(obj)}\n\n"
+      def chunk(i, delta, tok, lp):
+        choice = {"index": i, "delta": {"content": delta}, "finish_reason": None}
+        if want_logprobs:
+          choice["logprobs"] = {"content": [{"token": token_text(tok), "logprob": lp,
+                                             "bytes": list(token_text(tok).encode()), "top_logprobs": []}]}
+        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
+                "choices": [choice]}
 
-      def events():
-        yield chunk({"role": "assistant", "content": ""}, None)
-        if result.text:
-          yield chunk({"content": result.text}, None)
-        yield chunk({}, result.finish_reason, usage=usage)
-        yield "data: [DONE]\n\n"
-      return StreamingResponse(events(), media_type="text/event-stream")
-    return {"id": rid, "object": "chat.completion", "created": now, "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason}],
-            "usage": usage}
+      def final(i, result):
+        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
+                "choices": [{"index": i, "delta": {}, "finish_reason": result.finish_reason}],
+                "usage": usage_of([result])}
+      return streamed(reqs, chunk, final)
+    results = await asyncio.gather(*(run(r) for r in reqs))
+    choices = []
+    for i, result in enumerate(results):
+      choice = {"index": i, "message": {"role": "assistant", "content": result.text},
+                "finish_reason": result.finish_reason}
+      if want_logprobs:
+        choice["logprobs"] = chat_logprobs(result, k)
+      choices.append(choice)
+    return {"id": rid, "object": "chat.completion", "created": now, "model": model_name, "choices": choices,
+            "usage": usage_of(results)}
+
+  def completion_logprobs(result, k: int, echo: bool) -> dict:
+    """OpenAI's completions form: tokens, token_logprobs, top_logprobs ({token: logprob}), text_offset."""
+    tokens, token_lps, tops = [], [], []
+    if echo:
+      ids = result.prompt_ids
+      chosen, top_ids, top_lps = result.prompt_logprobs or ([], [], [])
+      tokens += [token_text(t) for t in ids]
+      token_lps += [None] + list(chosen)
+      tops += [None] + [{token_text(t): l for t, l in zip(a[:k], b[:k])} for a, b in zip(top_ids, top_lps)]
+    for tok, lp, (ids, lps) in zip(result.tokens, result.token_logprobs, result.top_logprobs):
+      tokens.append(token_text(tok))
+      token_lps.append(lp)
+      tops.append({token_text(t): l for t, l in zip(ids[:k], lps[:k])})
+    offsets, pos = [], 0
+    for t in tokens:
+      offsets.append(pos)
+      pos += len(t)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+  @app.post("/v1/completions")
+  @handle
+  async def completions(request: Request):
+    body = await read_json(request)
+    check_model(body)
+    params = sampling(body, min(16, engine.max_new_tokens))  # OpenAI's completions default is 16 tokens
+    prompts = body.get("prompt")
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+      raise BadRequest("'prompt' must be a string or a non-empty list of strings")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= TOP_LOGPROBS):
+      raise BadRequest(f"'logprobs' must be an integer in [0, {TOP_LOGPROBS}] (top alternatives per token)")
+    echo = bool(body.get("echo", False))
+    if params["max_tokens"] == 0 and not echo:
+      raise BadRequest("'max_tokens': 0 needs 'echo': true (the prompt's logprobs are then the whole answer)")
+    reqs = [r for p in prompts for r in requests_for(p, params, echo=echo)]
+    rid, now = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if body.get("stream"):
+      def chunk(i, delta, tok, lp):
+        lps = None if logprobs is None else {"tokens": [token_text(tok)], "token_logprobs": [lp],
+                                             "top_logprobs": [{}], "text_offset": [0]}
+        return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                "choices": [{"index": i, "text": delta, "logprobs": lps, "finish_reason": None}]}
+
+      def final(i, result):
+        return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": result.finish_reason}],
+                "usage": usage_of([result])}
+      return streamed(reqs, chunk, final)
+    results = await asyncio.gather(*(run(r) for r in reqs))
+    choices = [{"index": i, "text": (prompts[i // params["n"]] if echo else "") + result.text,
+                "logprobs": None if logprobs is None else completion_logprobs(result, logprobs, echo),
+                "finish_reason": result.finish_reason} for i, result in enumerate(results)]
+    prompt_tokens = sum(results[i].prompt_tokens for i in range(0, len(results), params["n"]))
+    completion = sum(r.completion_tokens for r in results)
+    return {"id": rid, "object": "text_completion", "created": now, "model": model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                      "total_tokens": prompt_tokens + completion}}
 
   @app.post("/predict")
   @handle
@@ -361,36 +497,43 @@ class RunningServer:
     self.close()
 
 
-def build(checkpoint: str, *, max_batch: int = 8, max_wait_ms: float = 20.0, max_new_tokens: int = 512,
-          max_prompt_tokens: int | None = None, limits: Limits = Limits(), allow_pickle: bool = False,
+def build(checkpoint: str, *, max_batch: int = 8, max_new_tokens: int = 512, max_prompt_tokens: int | None = None,
+          cache_len: int | None = None, limits: Limits = Limits(), allow_pickle: bool = False,
           served_model_name: str = "", seed: int = 0):
-  """(app, batcher) for the policy at `checkpoint` (anything `serving.checkpoint.load_policy` reads)."""
+  """(app, engine) for the policy at `checkpoint` (anything `serving.checkpoint.load_policy` reads: a recipe
+  workdir's stage, a training workdir or step, an export, a HF directory, a .gguf file, `smollm2`)."""
   from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
 
   policy = load_policy(checkpoint)
+  # The cache holds max_batch × (prompt + new tokens) slots: a long-context model's whole context would not fit.
+  max_prompt_tokens = max_prompt_tokens or min(policy.context_length, 4096)
   engine = Engine(policy, max_batch=max_batch, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                   seed=seed)
-  batcher = Batcher(engine, max_wait_ms=max_wait_ms)
-  return create_app(batcher, served_model_name or policy.name, limits=limits, allow_pickle=allow_pickle), batcher
+  continuous = ContinuousEngine(engine, cache_len=cache_len, seed=seed)
+  return create_app(continuous, served_model_name or policy.name, limits=limits, allow_pickle=allow_pickle), continuous
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m jaxagent.serve", description=__doc__.split("\n")[0])
-  p.add_argument("--checkpoint", required=True, help="training workdir, step dir, export or HF directory")
+  p.add_argument("--checkpoint", required=True,
+                 help="a recipe stage or training workdir (W/il, W/actor, ...), a step dir, an export, a HF "
+                      "directory, a .gguf file, or smollm2")
   p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
   p.add_argument("--port", type=int, default=8000)
   p.add_argument("--served-model-name", default="", help="model id clients send (default: the checkpoint's name)")
-  p.add_argument("--max-batch", type=int, default=8, help="requests per sampler call")
-  p.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a batch waits to fill")
+  p.add_argument("--max-batch", type=int, default=8, help="decode slots (requests decoded together)")
+  p.add_argument("--cache-len", type=int, default=None,
+                 help="KV-cache slots per request (default: max prompt tokens + max new tokens)")
   p.add_argument("--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask for")
-  p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the model's context length")
+  p.add_argument("--max-prompt-tokens", type=int, default=None,
+                 help="default: the model's context length, at most 4096")
   p.add_argument("--max-images", type=int, default=Limits.max_images, help="images per request")
   p.add_argument("--max-request-mb", type=float, default=Limits.max_request_bytes / 2**20)
   p.add_argument("--allow-pickle", action="store_true",
                  help="accept /predict's pickled images (runs client-supplied code: trusted clients only)")
   args = p.parse_args(argv)
   limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_images=args.max_images)
-  app, batcher = build(args.checkpoint, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+  app, batcher = build(args.checkpoint, max_batch=args.max_batch, cache_len=args.cache_len,
                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, limits=limits,
                        allow_pickle=args.allow_pickle, served_model_name=args.served_model_name)
   import uvicorn  # pylint: disable=g-import-not-at-top

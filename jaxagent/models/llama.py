@@ -175,7 +175,8 @@ class KVCache:
   """Preallocated keys/values for every layer (see the module docstring for the protocol).
 
   k, v: per layer [B, L_max, kv_heads, head_dim]; valid: [B, L_max] bool (slot holds a real token);
-  positions: [B, L_max] int32 RoPE positions; index: [] int32, the next slot to write (same for all rows).
+  positions: [B, L_max] int32 RoPE positions; index: the next slot to write, [] int32 (the same for all rows)
+  or [B] int32 (each row its own, one token per call: the continuous-batching server's decode step).
   """
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -191,6 +192,14 @@ class KVCache:
   def lengths(self) -> jax.Array:
     """Valid tokens per row [B]; also each row's next RoPE position."""
     return jnp.sum(self.valid, axis=1, dtype=jnp.int32)
+
+
+def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """`cache` [B, L, ...] with `new` [B, T, ...] written at slot `index`: one index for every row (a scalar), or
+  each row its own ([B], T = 1: the continuous-batching decode step, whose rows joined at different times)."""
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(cache, new, (0, index) + (0,) * (cache.ndim - 2))
+  return cache.at[jnp.arange(cache.shape[0]), index].set(new[:, 0])
 
 
 class Attention(nnx.Module):
@@ -213,8 +222,7 @@ class Attention(nnx.Module):
     v = layers.shard_heads(self.v_proj(x), kv=True)
     if kv is not None:
       k_cache, v_cache = kv
-      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+      k, v = write_slots(k_cache, k.astype(k_cache.dtype), index), write_slots(v_cache, v.astype(v_cache.dtype), index)
       kv = (k, v)
     out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
     return self.o_proj(layers.shard_heads(out)), kv
@@ -316,11 +324,13 @@ class Decoder(nnx.Module):
       index = None
     else:
       index = cache.index
-      valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))
-      k_pos = jax.lax.dynamic_update_slice(cache.positions, positions, (0, index))
+      if jnp.ndim(index) and t != 1:
+        raise ValueError(f"a per-row cache index writes one token per row; got {t}")
+      valid = write_slots(cache.valid, mask, index)
+      k_pos = write_slots(cache.positions, positions, index)
       k_slots = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), valid.shape)
-      mask_fn = lambda: layers.attention_mask(q_slots + index, k_slots, valid, positions, k_pos,
-                                              cfg.sliding_window)
+      q_at = q_slots + (index[:, None] if jnp.ndim(index) else index)
+      mask_fn = lambda: layers.attention_mask(q_at, k_slots, valid, positions, k_pos, cfg.sliding_window)
 
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):

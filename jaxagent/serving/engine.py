@@ -45,6 +45,8 @@ class GenerationRequest:
   top_p: float = 1.0
   top_k: int = 0
   stop: Sequence[str] = ()
+  echo: bool = False  # also return the prompt tokens' logprobs (with max_tokens=0: only them)
+  seed: int | None = None  # the continuous engine's per-request sampling seed (None: the server's sequence)
 
   def sampling_key(self) -> tuple[float, float, int]:
     return (float(self.temperature), float(self.top_p), int(self.top_k))
@@ -56,6 +58,12 @@ class GenerationResult:
   prompt_tokens: int
   completion_tokens: int
   finish_reason: str  # "stop" (EOS or a stop string) | "length"
+  # The continuous engine's token-level detail (the batch engine leaves them empty):
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  token_logprobs: list[float] = dataclasses.field(default_factory=list)  # log π(token | prefix) at temperature 1
+  top_logprobs: list[tuple[list[int], list[float]]] = dataclasses.field(default_factory=list)  # per token
+  prompt_ids: list[int] = dataclasses.field(default_factory=list)
+  prompt_logprobs: tuple[list[float], list, list] | None = None  # with echo: tokens 1.. of the prompt
 
 
 @dataclasses.dataclass
@@ -116,7 +124,7 @@ class Engine:
 
   def prepare(self, request: GenerationRequest) -> _Prepared:
     """Token ids (image placeholders expanded) and preprocessed pixels; raises RequestError."""
-    if request.max_tokens < 1 or request.max_tokens > self.max_new_tokens:
+    if request.max_tokens < (0 if request.echo else 1) or request.max_tokens > self.max_new_tokens:
       raise RequestError(f"max_tokens={request.max_tokens} must be in [1, {self.max_new_tokens}] (the server's "
                          "--max-new-tokens)")
     if request.temperature < 0 or not 0 < request.top_p <= 1 or request.top_k < 0:

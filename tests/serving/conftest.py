@@ -4,7 +4,7 @@ a real loopback port, shared by the module's tests (building the model and compi
 import pytest
 
 from jaxagent import serve
-from jaxagent.serving.batcher import Batcher
+from jaxagent.serving.continuous import ContinuousEngine
 from jaxagent.serving.checkpoint import random_policy
 from jaxagent.serving.engine import Engine
 
@@ -17,7 +17,7 @@ def policy():
 @pytest.fixture(scope="session")
 def server(policy):
   engine = Engine(policy, max_batch=8, max_new_tokens=64, max_prompt_tokens=4096)
-  batcher = Batcher(engine, max_wait_ms=30)
+  batcher = ContinuousEngine(engine)
   limits = serve.Limits(max_request_bytes=2 * 2**20, max_images=4)
   app = serve.create_app(batcher, "tiny-vlm", limits=limits)
   with serve.RunningServer(app) as running:

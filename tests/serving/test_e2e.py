@@ -29,13 +29,13 @@ def rollout(server, tmp_path_factory):
   complete = policy._completer.complete
   policy._completer.complete = lambda messages: sent.append(messages) or complete(messages)  # records, then asks
   store = TrajectoryStore(tmp_path_factory.mktemp("store"))
-  before = server.engine.stats()["requests"]
+  before = server.batcher.stats().get("requests", 0)
   with site_server.SiteServer() as site:
     spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "web", "observation": "a11y",
             "base_url": site.base_url}
     with EnvPool(spec, num_workers=1, step_timeout=120, reset_timeout=120) as pool:
       trajs = collect(pool, policy, policy.fmt.parse, [task], store=store, progress=False, policy_name="tiny-vlm")
-  return policy, trajs[0], sent, store, server.engine.stats()["requests"] - before
+  return policy, trajs[0], sent, store, server.batcher.stats().get("requests", 0) - before
 
 
 @pytest.mark.slow

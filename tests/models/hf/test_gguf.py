@@ -158,6 +158,34 @@ def test_smollm2_serves_a_chat_answer_through_the_openai_client():
 
 
 @pytest.mark.slow
+def test_smollm2_completion_logprobs_match_transformers():
+  """`/v1/completions` with echo: the prompt's and the generated tokens' logprobs against transformers."""
+  import httpx  # pylint: disable=g-import-not-at-top
+  from jaxagent import serve  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.engine import GenerationRequest  # pylint: disable=g-import-not-at-top
+  prompt = "The capital of France is"
+  app, engine = serve.build("smollm2", max_new_tokens=8, max_prompt_tokens=64)
+  try:
+    with serve.RunningServer(app) as server:
+      out = httpx.post(server.url + "/v1/completions", timeout=300, json={
+          "model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "echo": True,
+          "logprobs": 1}).json()
+    greedy = engine.generate(GenerationRequest(prompt, max_tokens=4, temperature=0.0))  # the same tokens, as ids
+  finally:
+    engine.close()
+  reference = transformers.AutoModelForCausalLM.from_pretrained(hf_gguf.smollm2_hf_dir(), dtype=torch.float32).eval()
+  full = greedy.prompt_ids + greedy.tokens
+  lp = out["choices"][0]["logprobs"]
+  assert out["usage"]["prompt_tokens"] == len(greedy.prompt_ids) and lp["token_logprobs"][0] is None
+  assert len(lp["token_logprobs"]) == len(full) == len(greedy.prompt_ids) + 4
+  with torch.no_grad():
+    logp = torch.log_softmax(reference(torch.tensor([full])).logits[0], -1).numpy()
+  want = logp[np.arange(len(full) - 1), full[1:]]
+  got = np.asarray(lp["token_logprobs"][1:], np.float64)
+  np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+@pytest.mark.slow
 def test_smollm2_tokenizer_trains_text_samples_with_its_chatml_template():
   """A decoder's own tokenizer without `<image>`: placeholders stay text, the loss is on ChatML replies."""
   from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
