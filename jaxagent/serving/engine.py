@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from jaxagent.data import conversation
-from jaxagent.data.tokenizer import CHAT_TEMPLATE, IMAGE_TOKEN
+from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.models import sampler
 from jaxagent.serving.checkpoint import LoadedPolicy
 
@@ -110,13 +110,17 @@ class Engine:
 
   # ---- rendering
   def render(self, prompt: str | list[dict[str, Any]]) -> str:
-    """The text the model continues: a string as is; chat messages through the training renderer when the
-    tokenizer's template is ours (so serving sees the bytes training did), else the checkpoint's template."""
+    """The text the model continues: a string as is; chat messages of users and assistants as training renders
+    them (`conversation.generation_prompt`: our template or the checkpoint's, the same bytes); with other roles
+    (a system prompt) through the checkpoint's template directly."""
     if isinstance(prompt, str):
       return prompt
-    turns = conversation.from_messages(list(prompt)) if self.policy.tokenizer.chat_template == CHAT_TEMPLATE else None
-    if turns is not None:
-      return conversation.render(turns, self.policy.tokenizer.bos_token or "")[0] + "Assistant:"
+    turns = conversation.from_messages(list(prompt))
+    if turns is not None:  # users and assistants only: the training render (ours, or the checkpoint's template)
+      try:
+        return conversation.generation_prompt(turns, self.policy.tokenizer)
+      except Exception as e:  # pylint: disable=broad-except  # a template error is the caller's malformed input
+        raise RequestError(f"messages cannot be rendered with the chat template: {type(e).__name__}: {e}") from None
     try:
       return self.policy.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
     except Exception as e:  # pylint: disable=broad-except  # a template error is the caller's malformed input
