@@ -12,7 +12,7 @@ docs/results/openwebvoyager.md.
 
 Variants (`configs/openwebvoyager.py:<name>`):
   smoke  a handful of queries and steps per stage, one iteration (`tests/recipes/test_openwebvoyager.py`).
-  paper  the paper's setting: an idefics2-8b-size VLM from a local HF directory, GPT-4o (any OpenAI-compatible
+  paper  the paper's setting: idefics2-8b (a local `Idefics2ForConditionalGeneration` directory), GPT-4o (any OpenAI-compatible
          endpoint) as the acting teacher with the WebVoyager a11y-tree + screenshot prompt and as the judge,
          1516 IL queries, 3 × 480 exploration queries with ≤5 attempts at temperature 1.2, §2.5's training
          hyper-parameters (lr 1e-5 → 1e-6 cosine, warmup 9, 300 iterations of global batch 64, seq 8192,
@@ -105,9 +105,9 @@ def get_config(arg=None):
     c.checkpoint.every = 2
   elif arg.variant == "paper":
     c.mesh.update(data=1, fsdp=-1, tensor=1)
-    c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an idefics2-8b-size VLM
+    c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an idefics2 directory
+    c.model.hf_family = "idefics2"  # OWV's policy (idefics2-8b); its images go in at the tower's side (980)
     c.data.seq_len = 8192
-    c.data.image_size = 336
     c.observation.update(max_tree_lines=0, drop_urls=False)
     c.tasks.templates = ""
     c.tasks.max_steps = 15

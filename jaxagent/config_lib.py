@@ -103,11 +103,12 @@ def vlm_model() -> ml_collections.ConfigDict:
 
   `kind`: "vlm" | "decoder"; `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), a
   `.gguf` file, or `smollm2` (SmolLM2-135M-Instruct, a real pretrained decoder available offline), "" =
-  random init; `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
+  random init; `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
+  idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer).
   """
   return ml_collections.ConfigDict(dict(
-      kind="vlm", hf_checkpoint="",
+      kind="vlm", hf_checkpoint="", hf_family="",
       decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                              head_dim=32, intermediate_size=256)),
       vision=ml_collections.ConfigDict()))

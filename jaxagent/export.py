@@ -70,7 +70,10 @@ def export(workdir: str, out: str, *, stage: str = "", step: int | None = None) 
   export_policy(policy, out, name=f"{os.path.basename(os.path.normpath(workdir))}/{stage}" if stage else "")
   with open(os.path.join(out, "generation_config.json"), "w", encoding="utf-8") as f:
     json.dump(_generation_config(policy), f, indent=2)
-  if policy.kind == "vlm":
+  if policy.kind == "vlm" and policy.model.config.perceiver is not None:
+    from jaxagent.models.hf import idefics2  # pylint: disable=g-import-not-at-top
+    idefics2.write_processor_config(policy.model.config, out)
+  elif policy.kind == "vlm":
     image, processor = _processor_configs(policy)
     with open(os.path.join(out, "preprocessor_config.json"), "w", encoding="utf-8") as f:
       json.dump(image, f, indent=2)

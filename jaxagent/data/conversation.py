@@ -175,7 +175,31 @@ def to_messages(conversations: list[dict]) -> list[dict]:
   return [{"role": ROLES[t["from"]], "content": t["value"]} for t in conversations]
 
 
-def tokenize(item: dict, tokenizer, num_image_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def expand_images(ids: np.ndarray, image_id: int, per_image: int,
+                  wrap_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(ids, source): each image placeholder becomes `per_image` image tokens, between two `wrap_id` tokens when
+  the model has one (idefics2's `<fake_token_around_image>`; of two adjacent images' wraps one is kept, as
+  `Idefics2Processor` does). `source[j]` is the input position output token j came from."""
+  ids = np.asarray(ids)
+  is_image = ids == image_id
+  if wrap_id is None:
+    source = np.repeat(np.arange(len(ids)), np.where(is_image, per_image, 1))
+    return ids[source], source
+  out, source = [], []
+  for i, tok in enumerate(ids.tolist()):
+    if tok != image_id:
+      out.append(tok)
+      source.append(i)
+      continue
+    lead = [] if i and is_image[i - 1] else [wrap_id]
+    block = lead + [image_id] * per_image + [wrap_id]
+    out += block
+    source += [i] * len(block)
+  return np.asarray(out, ids.dtype), np.asarray(source, np.int64)
+
+
+def tokenize(item: dict, tokenizer, num_image_tokens: int,
+             image_wrap_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(ids, loss) for the whole rendered sample, `<image>` expanded; loss is 1 on assistant tokens only."""
   text, spans = render_chat(item["conversations"], tokenizer)
   enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -191,20 +215,20 @@ def tokenize(item: dict, tokenizer, num_image_tokens: int) -> tuple[np.ndarray, 
   if is_image.sum() != len(item["images"]):
     raise ConversationError(f"sample {item['id']!r}: the tokenizer produced {is_image.sum()} {IMAGE_TOKEN} "
                             f"tokens for {len(item['images'])} images; is {IMAGE_TOKEN} a special token?")
-  repeats = np.where(is_image, num_image_tokens, 1)
-  ids, loss = np.repeat(ids, repeats), np.repeat(loss, repeats)
-  loss[ids == image_id] = 0
+  ids, source = expand_images(ids, image_id, num_image_tokens, image_wrap_id)
+  loss = loss[source]
+  loss[is_image[source]] = 0
   return ids, loss
 
 
-def encode(item: dict, tokenizer, seq_len: int, num_image_tokens: int) -> dict:
+def encode(item: dict, tokenizer, seq_len: int, num_image_tokens: int, image_wrap_id: int | None = None) -> dict:
   """(arrays, number of images kept): fixed-length training arrays for one sample, right-padded.
 
   Arrays: `input_ids`, `targets` (= inputs shifted left), `loss_mask` (on targets), `attention_mask`, each
   [seq_len]. A sample longer than `seq_len + 1` is cut at the end, and an image whose token block would be
   cut is dropped whole (with its tokens), so image tokens always come in complete blocks.
   """
-  ids, loss = tokenize(item, tokenizer, num_image_tokens)
+  ids, loss = tokenize(item, tokenizer, num_image_tokens, image_wrap_id)
   image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
   n_images = len(item["images"])
   if len(ids) > seq_len + 1:
@@ -214,6 +238,9 @@ def encode(item: dict, tokenizer, seq_len: int, num_image_tokens: int) -> dict:
     partial = n_img_tokens % num_image_tokens
     if partial:  # drop the cut block: everything from its first token on
       first = np.flatnonzero(ids == image_id)[n_images * num_image_tokens]
+      if image_wrap_id is not None and first > 0 and ids[first - 1] == image_wrap_id and (
+          first < 2 or ids[first - 2] != image_id):  # its own opening wrap, not the one it shares with the last
+        first -= 1
       ids, loss = ids[:first], loss[:first]
   n = len(ids) - 1
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -40,9 +40,11 @@ class EncodeSample:
   preprocess: Callable | None = None  # None: text only (no pixels loaded; image tokens stay plain ids)
   image_size: int = 0
   max_images: int = 3
+  image_wrap_id: int | None = None  # idefics2: the token around each image's block
 
   def __call__(self, item: dict) -> dict:
-    out, n_images = conversation.encode(item, self.tokenizer, self.seq_len, self.num_image_tokens)
+    out, n_images = conversation.encode(item, self.tokenizer, self.seq_len, self.num_image_tokens,
+                                         self.image_wrap_id)
     if self.preprocess is not None:
       if n_images > self.max_images:
         raise conversation.ConversationError(

@@ -29,6 +29,7 @@ class BuiltModel:
   num_image_tokens: int = 1  # image-token ids each <image> expands to (1 for a decoder: a plain token)
   preprocess: object = None  # models.vit.ImagePreprocessing (VLMs); None: text only
   pretrained: Callable[[], nnx.Module] | None = None
+  image_wrap_id: int | None = None  # idefics2's <fake_token_around_image> around each image's tokens
 
   @property
   def image_size(self) -> int:
@@ -70,24 +71,35 @@ def _from_hf(config) -> BuiltModel:
   (straight into their shardings) only when a fresh run asks for them."""
   from jaxagent import sharding  # pylint: disable=g-import-not-at-top
   from jaxagent.models import flops, llama, vit, vlm  # pylint: disable=g-import-not-at-top
-  from jaxagent.models.hf import llama as hf_llama, llava as hf_llava  # pylint: disable=g-import-not-at-top
-  from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
+  from jaxagent.models.hf import auto, gguf, llama as hf_llama  # pylint: disable=g-import-not-at-top
   path, seq_len = gguf.checkpoint_dir(config.model.hf_checkpoint), int(config.data.seq_len)
+  family = config.model.get("hf_family", "")
+  if family and hf_llama.read_config(path).get("model_type") != family:
+    raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a "
+                     f"{hf_llama.read_config(path).get('model_type')!r} checkpoint but config.model.hf_family="
+                     f"{family!r}; point it at a {family} directory (or set hf_family='' to accept any)")
   mesh = lambda: sharding.make_mesh(dict(config.mesh))
   if config.model.kind == "decoder":
     dcfg = llama.DecoderConfig.from_hf(hf_llama.read_config(path))
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, 0), flops.decoder_flops_per_token(dcfg, seq_len),
                       pretrained=lambda: hf_llama.load_pretrained(path, mesh())[0])
-  vcfg = hf_llava.config_from_hf(hf_llama.read_config(path))
+  lib = auto.vlm_module(hf_llama.read_config(path))  # LLaVA or idefics2
+  vcfg = lib.config_from_dir(path)
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, 0), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True),
-                    pretrained=lambda: hf_llava.load_pretrained(path, mesh())[0])
+                    pretrained=lambda: lib.load_pretrained(path, mesh())[0], image_wrap_id=vcfg.image_wrap_token_id)
 
 
 def _vlm_flops(vcfg, config) -> float:
   """Training FLOPs per text token; every sample carries max_images image slots, all run through the tower."""
   from jaxagent.models import flops  # pylint: disable=g-import-not-at-top
   e_v, e_t = vcfg.vision.width, vcfg.text.hidden_size
-  per_image = flops.vit_flops_per_image(vcfg.vision) + 6 * vcfg.num_image_tokens * (e_v * e_t + e_t * e_t)
+  if vcfg.perceiver is None:  # LLaVA's two Linears on every patch
+    connector = 6 * vcfg.num_image_tokens * (e_v * e_t + e_t * e_t)
+  else:  # idefics2: a SwiGLU projection on every patch, then latents attending over patches and latents
+    p, n_p, n_l = vcfg.perceiver, vcfg.vision.num_patches, vcfg.perceiver.n_latents
+    attn = n_l * 2 * e_t * p.num_heads * p.head_dim + (n_p + n_l) * 2 * e_t * p.num_kv_heads * p.head_dim
+    connector = 6 * (n_p * p.projection_dim * (2 * e_v + e_t) + p.depth * (attn + n_l * 12 * e_t * e_t))
+  per_image = flops.vit_flops_per_image(vcfg.vision) + connector
   seq_len = int(config.data.seq_len)
   return flops.decoder_flops_per_token(vcfg.text, seq_len) + int(config.data.max_images) / seq_len * per_image

@@ -62,6 +62,7 @@ class ViTConfig:
   select_layer: int | None = None
   select_feature: str = "patch"
   pool_head: bool = False
+  position_grid: int = 0  # idefics2 (NaViT): a fixed grid of positions this many a side; 0: one per patch
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
@@ -85,6 +86,9 @@ class ViTConfig:
       bad("select_layer", f"{self.select_layer} is outside [-{self.depth + 1}, {self.depth}] for depth={self.depth}")
     if self.pool_head and self.family != "siglip":
       bad("pool_head", "only SigLIP has an attention-pooling head; CLIP pools its class token")
+    if self.position_grid and (self.family != "siglip" or self.position_grid < self.grid):
+      bad("position_grid", f"{self.position_grid}: bucketed positions are idefics2's SigLIP tower's and need a "
+          f"grid at least the image's ({self.grid} patches a side); use 0 for one position per patch")
 
   @classmethod
   def clip(cls, **kw) -> "ViTConfig":
@@ -115,7 +119,21 @@ class ViTConfig:
 
   @property
   def num_positions(self) -> int:
+    if self.position_grid:
+      return self.position_grid ** 2
     return self.num_patches + int(self.class_token)
+
+  def position_ids(self) -> np.ndarray | None:
+    """idefics2's patch positions: the image's `grid` x `grid` patches spread over the `position_grid` table.
+
+    HF (`Idefics2VisionEmbeddings`) buckets the fractions i/grid against boundaries made by `torch.arange`,
+    whose float rounding moves some patches one bucket down (54 of the 2485 (table, grid) pairs up to 70);
+    these are the exact buckets floor(i * position_grid / grid), equal to HF's at the full grid (arange).
+    """
+    if not self.position_grid:
+      return None
+    rows = (np.arange(self.grid) * self.position_grid) // self.grid
+    return (rows[:, None] * self.position_grid + rows[None, :]).reshape(-1)
 
   @property
   def num_features(self) -> int:
@@ -291,7 +309,9 @@ class VisionTower(nnx.Module):
     if self.cls_token is not None:
       cls = jnp.broadcast_to(self.cls_token.get_value().astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
       x = jnp.concatenate([cls, x], axis=1)
-    x = x + self.pos_embed.get_value().astype(x.dtype)
+    pos = self.pos_embed.get_value().astype(x.dtype)
+    ids = cfg.position_ids()
+    x = x + (pos if ids is None else jnp.take(pos, jnp.asarray(ids), axis=0))
     if self.pre_norm is not None:
       x = self.pre_norm(x)
     return sharding.shard(x, ("batch", "length", "act_embed"))

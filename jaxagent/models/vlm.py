@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import sharding
-from jaxagent.models import layers, llama, sampler, vit
+from jaxagent.models import idefics2, layers, llama, sampler, vit
 
 PROJECTOR_ACTS = {"gelu": lambda x: jax.nn.gelu(x, approximate=False),
                   "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
@@ -37,18 +37,23 @@ class VLMConfig:
   image_token_id: int
   projector_act: str = "gelu"  # HF `projector_hidden_act`; LLaVA-1.5's mlp2x_gelu uses the exact GELU
   projector_bias: bool = True
+  perceiver: idefics2.PerceiverConfig | None = None  # set: idefics2's connector instead of LLaVA's projector
+  image_wrap_token_id: int | None = None  # idefics2's <fake_token_around_image>, around each image's tokens
 
   def __post_init__(self):
     if not 0 <= self.image_token_id < self.text.vocab_size:
       raise ValueError(f"VLMConfig.image_token_id={self.image_token_id} must be a token id of the text "
                        f"vocabulary [0, {self.text.vocab_size}); add an image token to the tokenizer")
+    if self.image_wrap_token_id is not None and not 0 <= self.image_wrap_token_id < self.text.vocab_size:
+      raise ValueError(f"VLMConfig.image_wrap_token_id={self.image_wrap_token_id} is not a token id of the text "
+                       f"vocabulary [0, {self.text.vocab_size})")
     if self.projector_act not in PROJECTOR_ACTS:
       raise ValueError(f"VLMConfig.projector_act={self.projector_act!r} is not one of {sorted(PROJECTOR_ACTS)}")
 
   @property
   def num_image_tokens(self) -> int:
-    """How many image-token ids one `<image>` placeholder expands to."""
-    return self.vision.num_features
+    """How many image-token ids one `<image>` placeholder expands to (its wrapping tokens aside)."""
+    return self.perceiver.n_latents if self.perceiver is not None else self.vision.num_features
 
   @classmethod
   def tiny(cls, vocab_size: int, image_token_id: int | None = None, *, vision: dict | None = None,
@@ -111,7 +116,8 @@ def check_image_tokens(input_ids, num_images: int, cfg: VLMConfig) -> None:
 
 
 class VLM(nnx.Module):
-  """LLaVA-style VLM. `__call__` returns float32 logits [B, T, V] (and hidden states / cache like `Decoder`)."""
+  """LLaVA-style VLM (idefics2 when `cfg.perceiver` is set: its connector is `projector`). `__call__` returns
+  float32 logits [B, T, V] (and hidden states / cache like `Decoder`)."""
 
   def __init__(self, cfg: VLMConfig, *, rngs: nnx.Rngs, vision_tower: vit.VisionTower | None = None,
                decoder: llama.Decoder | None = None):
@@ -123,7 +129,8 @@ class VLM(nnx.Module):
     if decoder is not None and decoder.config != cfg.text:
       raise ValueError(f"VLM: decoder was built for {decoder.config}, not VLMConfig.text={cfg.text}")
     self.vision_tower = vision_tower if vision_tower is not None else vit.VisionTower(cfg.vision, rngs=rngs)
-    self.projector = Projector(cfg, rngs=rngs)
+    self.projector = (Projector(cfg, rngs=rngs) if cfg.perceiver is None
+                      else idefics2.Connector(cfg.perceiver, cfg.vision.width, cfg.text, rngs=rngs))
     self.decoder = decoder if decoder is not None else llama.Decoder(cfg.text, rngs=rngs)
 
   def image_features(self, images: jax.Array) -> jax.Array:

@@ -68,13 +68,13 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   weighted = any("weight" in x for x in items)  # one batch structure: every sample weighted, or none
   items = [conversation.validate(x) | ({"weight": float(x.get("weight", 1.0))} if weighted else {}) for x in items]
   built = models.build(config, tokenizer)
-  longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens)[0]) for it in items)
+  longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens, built.image_wrap_id)[0]) for it in items)
   if longest > config.data.seq_len + 1 and not truncate:
     raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
                      f"raise --config.data.seq_len to at least {longest}")
   seq_len = min(int(config.data.seq_len), -(-(longest - 1) // pad_to) * pad_to)
   encode = pipeline.EncodeSample(tokenizer, seq_len, built.num_image_tokens, built.preprocess, built.image_size,
-                                 int(config.data.max_images))
+                                 int(config.data.max_images), built.image_wrap_id)
   ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
   pretrained: Callable[[], nnx.Module] | None = built.pretrained
   if init_from:

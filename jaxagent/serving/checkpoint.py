@@ -41,6 +41,7 @@ class LoadedPolicy:
   name: str  # the model id `/v1/models` reports
   preprocess: vit.ImagePreprocessing | None = None  # VLMs only
   num_image_tokens: int = 0  # image-token ids each <image> placeholder expands to (VLMs)
+  image_wrap_id: int | None = None  # idefics2: the token written around each image's block
   source: str = ""
 
   @property
@@ -146,7 +147,8 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   step_name = step if step is not None else "latest"
   return LoadedPolicy(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
                       preprocess=built.preprocess if kind == "vlm" else None,
-                      num_image_tokens=built.num_image_tokens if kind == "vlm" else 0, source=workdir)
+                      num_image_tokens=built.num_image_tokens if kind == "vlm" else 0,
+                      image_wrap_id=built.image_wrap_id if kind == "vlm" else None, source=workdir)
 
 
 def _load_hf(path: str) -> LoadedPolicy:
@@ -156,14 +158,16 @@ def _load_hf(path: str) -> LoadedPolicy:
   mesh = _one_device_mesh()
   name = meta.get("name") or os.path.basename(os.path.normpath(path))
   if "vision_config" in hf:
-    from jaxagent.models.hf import llava  # pylint: disable=g-import-not-at-top
-    model, cfg = llava.load_pretrained(path, mesh)
+    from jaxagent.models.hf import auto  # pylint: disable=g-import-not-at-top
+    lib = auto.vlm_module(hf)
+    model, cfg = lib.load_pretrained(path, mesh)
     if "preprocess" in meta:
       preprocess = vit.ImagePreprocessing(**{k: tuple(v) if isinstance(v, list) else v
                                              for k, v in meta["preprocess"].items()})
     else:
-      preprocess = llava.image_preprocessing(path)
-    return LoadedPolicy(model, tokenizer, "vlm", name, preprocess, cfg.num_image_tokens, source=path)
+      preprocess = lib.image_preprocessing(path)
+    return LoadedPolicy(model, tokenizer, "vlm", name, preprocess, cfg.num_image_tokens,
+                        image_wrap_id=cfg.image_wrap_token_id, source=path)
   from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
   model, _ = hf_llama.load_pretrained(path, mesh)
   return LoadedPolicy(model, tokenizer, "decoder", name, source=path)
@@ -195,8 +199,9 @@ def export_policy(source: str | LoadedPolicy, out_dir: str, *, config=None, name
   os.makedirs(out_dir, exist_ok=True)
   meta: dict[str, Any] = {"kind": policy.kind, "name": name or policy.name, "source": policy.source}
   if policy.kind == "vlm":
-    from jaxagent.models.hf import llava  # pylint: disable=g-import-not-at-top
-    llava.save_pretrained(policy.model, policy.model.config, out_dir)
+    from jaxagent.models.hf import idefics2, llava  # pylint: disable=g-import-not-at-top
+    (llava if policy.model.config.perceiver is None else idefics2).save_pretrained(policy.model, policy.model.config,
+                                                                                   out_dir)
     meta["preprocess"] = dataclasses.asdict(policy.preprocess)
   else:
     from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top

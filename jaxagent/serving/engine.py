@@ -150,7 +150,8 @@ class Engine:
       if int(np.sum(ids == image_id)) != len(images):
         raise RequestError(f"the rendered prompt holds {int(np.sum(ids == image_id))} image tokens for "
                            f"{len(images)} images; do not write {IMAGE_TOKEN} in text parts")
-      ids = np.repeat(ids, np.where(ids == image_id, self.policy.num_image_tokens, 1)).astype(np.int32)
+      ids = conversation.expand_images(ids, image_id, self.policy.num_image_tokens,
+                                       self.policy.image_wrap_id)[0].astype(np.int32)
       if images:
         try:
           pixels = self.policy.preprocess(images)

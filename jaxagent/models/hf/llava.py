@@ -94,6 +94,10 @@ def config_from_hf(hf: dict, **overrides) -> vlm.VLMConfig:
                        projector_bias=hf.get("multimodal_projector_bias", True), **overrides)
 
 
+def config_from_dir(path, **overrides) -> vlm.VLMConfig:
+  return config_from_hf(clip.read_config(path), **overrides)
+
+
 def config_to_hf(cfg: vlm.VLMConfig) -> dict:
   if cfg.vision.family != "clip":
     raise ValueError("hf.llava exports CLIP towers only (LlavaForConditionalGeneration with CLIPVisionModel)")

@@ -48,7 +48,8 @@ class Encoder:
   def _ids(self, prompt: str) -> np.ndarray:
     text = render_prompt([{"from": "human", "value": prompt}], self.tokenizer)
     ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
-    return np.repeat(ids, np.where(ids == self.image_id, self.loaded.num_image_tokens, 1)).astype(np.int32)
+    return conversation.expand_images(ids, self.image_id, self.loaded.num_image_tokens,
+                                      self.loaded.image_wrap_id)[0].astype(np.int32)
 
   def pairs(self, screens: Sequence[np.ndarray], actions: Sequence[str]) -> np.ndarray:
     """[len(actions), hidden] for (screens[i] full-resolution, actions[i])."""
