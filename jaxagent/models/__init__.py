@@ -73,17 +73,18 @@ def _from_hf(config) -> BuiltModel:
   from jaxagent.models import flops, llama, vit, vlm  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import auto, gguf, llama as hf_llama  # pylint: disable=g-import-not-at-top
   path, seq_len = gguf.checkpoint_dir(config.model.hf_checkpoint), int(config.data.seq_len)
-  family = config.model.get("hf_family", "")
-  if family and hf_llama.read_config(path).get("model_type") != family:
-    raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a "
-                     f"{hf_llama.read_config(path).get('model_type')!r} checkpoint but config.model.hf_family="
-                     f"{family!r}; point it at a {family} directory (or set hf_family='' to accept any)")
+  hf = hf_llama.read_config(path)
+  family = config.model.get("hf_family", "")  # absent from configs written before the key existed
+  if family and hf.get("model_type") != family:
+    raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a {hf.get('model_type')!r} "
+                     f"checkpoint but config.model.hf_family={family!r}; point it at a {family} directory (or set "
+                     "hf_family='' to accept any)")
   mesh = lambda: sharding.make_mesh(dict(config.mesh))
   if config.model.kind == "decoder":
-    dcfg = llama.DecoderConfig.from_hf(hf_llama.read_config(path))
+    dcfg = llama.DecoderConfig.from_hf(hf)
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, 0), flops.decoder_flops_per_token(dcfg, seq_len),
                       pretrained=lambda: hf_llama.load_pretrained(path, mesh())[0])
-  lib = auto.vlm_module(hf_llama.read_config(path))  # LLaVA or idefics2
+  lib = auto.vlm_module(hf)  # LLaVA or idefics2
   vcfg = lib.config_from_dir(path)
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, 0), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True),

@@ -172,4 +172,5 @@ def write_processor_config(cfg: vlm.VLMConfig, path) -> None:
 
 def image_preprocessing(path) -> vit.ImagePreprocessing:
   """Square images at the tower's input side, SigLIP-normalised (idefics2's mean and std are 0.5)."""
-  return vit.ImagePreprocessing.siglip(config_from_dir(path).vision.image_size, pad_to_square=True)
+  side = config_from_hf(clip.read_config(path)).vision.image_size  # no tokenizer needed for the side
+  return vit.ImagePreprocessing.siglip(side, pad_to_square=True)
