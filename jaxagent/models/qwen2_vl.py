@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import sharding
-from jaxagent.models import layers, llama
+from jaxagent.models import layers, llama, vlm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,10 +311,8 @@ class Qwen2VL(nnx.Module):
       n = int(np.sum(np.asarray(input_ids) == self.config.image_token_id))
       if n != feats.shape[0]:
         raise ValueError(f"Qwen2VL: {n} image tokens but the images of grid_thw give {feats.shape[0]} features")
-    is_image = input_ids == self.config.image_token_id
-    rank = jnp.cumsum(is_image.reshape(-1), dtype=jnp.int32).reshape(is_image.shape) - 1
-    gathered = jnp.take(feats, jnp.clip(rank, 0, feats.shape[0] - 1), axis=0)
-    return sharding.shard(jnp.where(is_image[..., None], gathered, embeds), ("batch", "length", "act_embed"))
+    merged = vlm.merge_image_features(embeds, input_ids, feats, self.config.image_token_id)
+    return sharding.shard(merged, ("batch", "length", "act_embed"))
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> llama.KVCache:
     return self.decoder.init_cache(batch, max_len, dtype)
