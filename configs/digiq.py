@@ -45,14 +45,19 @@ def get_config(arg=None):
   c.tasks.max_steps = 8  # per episode (AitW general: 10)
 
   c.env = config_lib.env_block(workers=2)
+  # How an AutoUI reply is read: faithful (the original's split; a decision it cannot unpack ends the episode)
+  # | lenient (such a reply is a no-op and the episode goes on; docs/results/digiq.md#parse).
+  c.parse = "faithful"
 
-  c.demos = ml_collections.ConfigDict(dict(episodes=40))  # scripted-expert demonstrations (train tasks)
+  # Scripted-expert demonstrations on one half of the train pairs (`train_a`: each category with one sort); the
+  # behaviour data on the other half (`train_b`); the test pairs in neither.
+  c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train_a"))
   # Short on purpose: sampled at T 1 the IL actor should both succeed and fail, as AutoUI's zero-shot data do.
   c.il = config_lib.stage(steps=500, batch_size=8, lr=3e-3)
 
-  # Behaviour episodes come from these splits; "test" alone draws the evaluation's own episodes, whose rollouts
-  # then also score the behaviour policy.
-  c.behaviour = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0, splits="test"))
+  # Behaviour episodes come from these splits (train | train_a | train_b | test). "test" alone draws the
+  # evaluation's own episodes (the earlier default, measured on its training episodes: docs/results/digiq.md).
+  c.behaviour = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0, splits="train_b"))
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens
 
   c.candidates = ml_collections.ConfigDict(dict(n=4, temperature=1.2, resample=3))
@@ -60,6 +65,11 @@ def get_config(arg=None):
   c.representation = config_lib.stage(steps=100, batch_size=8, lr=1e-3)
   c.representation.hf_checkpoint = ""  # "" = fine-tune the IL actor's VLM; else a local LLaVA directory
   c.representation.batch = 32  # (state, action) pairs per extraction forward pass
+  # The (s, a) representation: generated (the seeds: the last layer's states averaged over the greedy answer's
+  # tokens, up to max_new_tokens) | prompt_last (the state at the last prompt token, one forward pass;
+  # docs/results/digiq.md#readout).
+  c.representation.readout = "generated"
+  c.representation.max_new_tokens = 5
 
   # Constant-rate Adam with clipping, as the code trains its critic.
   c.critic = config_lib.stage(steps=1500, batch_size=64, lr=1e-3, clip_norm=1.0, warmup_steps=0, end_lr_ratio=1.0)
@@ -74,6 +84,12 @@ def get_config(arg=None):
   # goal and action texts as hashed bags of words, Fourier features of each tap's points.
   c.critic.text_encoder = "bag_of_words"  # bag_of_words | pooler (the paper-scale stand-in)
   c.critic.point_octaves = 4  # 0 = the critic sees taps only through the representation (the paper)
+  # As the code: V and Q see the previous screen's features beside the current one's (framestack); 20 % of the
+  # trajectories are held out of the critic's training as its validation set; the target starts from its own
+  # random init. copy / False / 0.0 are today's earlier departures (docs/results/digiq.md#critic-faithful).
+  c.critic.frame_stack = True
+  c.critic.val_fraction = 0.2
+  c.critic.target_init = "random"  # random | copy
 
   c.actor = config_lib.stage(steps=100, batch_size=8, lr=3e-4)
   c.actor.loss = "best-of-n"  # best-of-n | pg | awr | sft
@@ -86,6 +102,10 @@ def get_config(arg=None):
   # Weight of the demonstrations kept in the actor's mix (0 = Best-of-N data alone, the paper): trained on a few
   # dozen states alone the tiny actor forgets well-formed actions (docs/results/digiq.md#il-weight).
   c.actor.il_weight = 1.0
+  # all_states (the code): −mean over every sampled state of w · Σ_t log clip(p_t, 0.001, 0.99), zero weights
+  # included | kept_tokens: the per-token NLL over the kept states (and demonstrations) alone, no clamp
+  # (docs/results/digiq.md#actor-normalize).
+  c.actor.normalize = "all_states"
 
   c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.8, seed=1))
 
@@ -119,6 +139,7 @@ def get_config(arg=None):
     c.env.workers = 16
     c.demos.episodes = 1000
     c.behaviour.episodes = 1008
+    c.demos.split = "train"
     c.behaviour.splits = "train"  # AitW's offline data are rollouts on the train instructions
     c.sampling.max_tokens = 128
     c.candidates.n = 16

@@ -61,7 +61,7 @@ def get_config(arg=None):
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))
   c.gamma = 0.5  # MC return discount (the code's `gamma`)
 
-  c.demos = ml_collections.ConfigDict(dict(episodes=40))
+  c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train"))  # split: train | train_a | train_b
   c.il = config_lib.stage(steps=500, batch_size=8, lr=3e-3)
 
   # The IL actor's rollouts on the train tasks at the code's sampling temperature.

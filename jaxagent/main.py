@@ -16,6 +16,8 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<recipe>.py[:variant]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: resolved config, checkpoints, TensorBoard, profiles.")
+_SEEDS = flags.DEFINE_string("seeds", "", "Global seeds, e.g. 0,1,2: the whole recipe once per seed in "
+                             "<workdir>/seed<k>/ (config.seed = k), their results combined in <workdir>/results.json")
 
 
 def flat_keys(cfg, prefix: str = "") -> list[str]:
@@ -93,20 +95,29 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   from jaxagent import recipes  # pylint: disable=g-import-not-at-top  # loads the recipe's dependencies
   from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline import seeds as seeds_lib  # pylint: disable=g-import-not-at-top
   recipe = recipes.get(config.recipe)
   try:  # before any work: a bad value would otherwise surface stages later
     validate(config, getattr(recipe, "CHOICES", {}), getattr(recipe, "LISTS", {}))
-  except ConfigError as e:
+    seeds = seeds_lib.parse_seeds(_SEEDS.value) if _SEEDS.value else None
+  except (ConfigError, ValueError) as e:
     sys.exit(f"FATAL config error: {e}")
   if config.get("distributed", False):
     init_distributed()
   import jax  # pylint: disable=g-import-not-at-top
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
+
+  def write_config(cfg, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    if jax.process_index() == 0:
+      with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        f.write(cfg.to_json_best_effort(indent=2))
+
   logging.info("recipe %s → %s", config.recipe, workdir)
-  recipe.run(config, workdir)
+  if seeds is None:
+    write_config(config, workdir)
+    recipe.run(config, workdir)
+  else:
+    seeds_lib.run_seeds(recipe.run, config, workdir, seeds, write_config)
 
 
 if __name__ == "__main__":

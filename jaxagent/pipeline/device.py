@@ -72,8 +72,11 @@ def env_spec(config, expert: bool = False) -> dict:
 
 
 def stage_tasks(config, out: str) -> dict:
-  """The phone-profile (AitW action space) suites of `config.tasks.templates`, one JSON task a line per split."""
+  """The phone-profile (AitW action space) suites of `config.tasks.templates`, one JSON task a line per split,
+  and the train split's two parts (`train_a`, `train_b`: `Task.meta["part"]`), which share no intent."""
   suites = sites.select(config.tasks.seed, "device", config.tasks.templates, config.tasks.max_steps)
+  for part in ("a", "b"):
+    suites[f"train_{part}"] = [t for t in suites["train"] if t.meta.get("part") == part]
   return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
 
 
@@ -179,9 +182,9 @@ def demo_samples(workdir: str) -> list[dict]:
 
 
 def stage_il(config, workdir: str, out: str, gamma: float) -> dict:
-  """`config.demos.episodes` scripted-expert demonstrations of the train tasks, then the VLM trained on their
-  successful steps with the `config.il` stage block."""
-  demo_tasks = draw_episodes(suite(workdir, "train"), int(config.demos.episodes), int(config.seed), "demo")
+  """`config.demos.episodes` scripted-expert demonstrations of the `config.demos.split` tasks, then the VLM
+  trained on their successful steps with the `config.il` stage block."""
+  demo_tasks = draw_episodes(suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed), "demo")
   trajs = rollout(config, env_spec(config, expert=True), ScriptedExpert("autoui"), demo_tasks,
                   os.path.join(out, "demos"), "scripted_expert:autoui", gamma=gamma)
   items = demo_samples(workdir)

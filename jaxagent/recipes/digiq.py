@@ -13,7 +13,9 @@ stages and resumes the running one: rollouts by episode id, trainings from their
   critic          double Q/V on the frozen representations, TD with a Polyak target (§5.3–5.4); every
                   candidate scored into `scores.npz`
   actor           Best-of-N extraction (§5.5): the best candidate where Q − V > threshold, trained from the IL actor
-  eval            behaviour policy, IL actor and Digi-Q actor on the same test episodes: `results.json`,
+  filtered_bc     the baseline: every step of the successful behaviour episodes, trained as the actor is
+  eval            behaviour policy, IL actor, Filtered BC and Digi-Q actor on the same test episodes, whose
+                  intents are in no training data unless `behaviour.splits` names test: `results.json`,
                   TensorBoard, a table, `viewer.html`
 """
 
@@ -33,12 +35,20 @@ from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data, represent, viewer
+from jaxagent.proj.digirl import critics as digirl_critics
+from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.serving.checkpoint import load_policy
+from jaxagent.train.losses import sequence_nll, weighted_token_nll
 from jaxagent.train.metrics import MetricWriter
 
-STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "eval")
+STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "filtered_bc", "eval")
 CHOICES = {
     "model.kind": ("vlm",),
+    "parse": ("faithful", "lenient"),
+    "demos.split": ("train", "train_a", "train_b"),
+    "representation.readout": ("generated", "prompt_last"),
+    "critic.target_init": ("random", "copy"),
+    "actor.normalize": ("all_states", "kept_tokens"),
     "critic.backup": ("dataset", "sample", "mean"),
     "critic.advantage_estimation": ("bellman", "mc"),
     "critic.learn_metric": ("regression", "classification"),
@@ -46,7 +56,7 @@ CHOICES = {
     "actor.loss": ("best-of-n", "pg", "awr", "sft"),
     "actor.head_reduce": ("min", "max"),
 }
-LISTS = {"behaviour.splits": ("train", "test")}
+LISTS = {"behaviour.splits": ("train", "test", "train_a", "train_b")}
 
 
 def run(config, workdir: str) -> dict:
@@ -58,6 +68,7 @@ def run(config, workdir: str) -> dict:
   stages.run("representation", lambda out: stage_representation(config, workdir, out))
   stages.run("critic", lambda out: stage_critic(config, workdir, out))
   stages.run("actor", lambda out: stage_actor(config, workdir, out))
+  stages.run("filtered_bc", lambda out: stage_filtered_bc(config, workdir, out))
   results = stages.run("eval", lambda out: stage_eval(config, workdir, out))
   print("\n" + results_table(results))
   print(stages.table())
@@ -84,7 +95,7 @@ def actor_config(config):
 
 
 def _actor(config, workdir, stage, temperature, seed):
-  return device.load_actor(config, os.path.join(workdir, stage), temperature, seed)
+  return device.load_actor(config, os.path.join(workdir, stage), temperature, seed, parse=str(config.parse))
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -147,22 +158,47 @@ def stage_critic(config, workdir, out):
 
 
 def stage_actor(config, workdir, out):
+  """Best-of-N extraction (§5.5). `actor.normalize=all_states` trains as the code does: every scored state is a
+  sample (weight 0 where no candidate cleared the threshold), and the loss is −mean_b w_b Σ_t log clip(p, 0.001,
+  0.99) (`digiq/algorithms/digiq/trainer.py:actor_loss`); `kept_tokens` keeps only the weighted states and
+  normalises per token, without the clamp."""
   store, trajs = _store(workdir, "candidates", "store")
   scores = dict(np.load(os.path.join(workdir, "critic", "scores.npz")))
   idx, adv, weight = critic_lib.best_of_n(config.actor, scores)
+  every_state = config.actor.normalize == "all_states"
   picks = [(i, k, trajs[i].steps[k].candidates[int(idx[r])], weight[r])
-           for r, (i, k) in enumerate(scores["rows"]) if weight[r] > 0]
-  items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
-  summary = {"states": int(len(idx)), "trained_on": len(items), "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
+           for r, (i, k) in enumerate(scores["rows"]) if every_state or weight[r] > 0]
+  kept = int((weight > 0).sum())
+  summary = {"states": int(len(idx)), "kept": kept, "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
              "mean_adv": float(adv.mean())}
-  if not items:
+  if not kept:
     summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
     return summary
+  items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
+  summary["trained_on"] = len(items)
   if float(config.actor.il_weight) > 0:
     demos = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
     items += demos
     summary["il_samples"] = len(demos)
-  finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"))
+  loss = sequence_nll(AUTOUI_PROB_CLAMP) if every_state else weighted_token_nll
+  finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"), loss=loss)
+  return summary
+
+
+def stage_filtered_bc(config, workdir, out):
+  """Filtered BC (the Digi-Q paper's baseline, DigiRL §4.7): every step of the behaviour episodes at or above the
+  90 % reward quantile (the successes), trained from the IL actor with the actor's stage block, loss and
+  demonstrations, so the two actors differ only in which (state, action) pairs they imitate."""
+  store, trajs = _store(workdir, "behaviour", "store")
+  keep = digirl_critics.filterbc_keep(trajs)
+  picks = [(i, k, s.action_text, 1.0) for i in np.flatnonzero(keep) for k, s in enumerate(trajs[i].steps)
+           if s.image_path and s.action_text]
+  summary = {"kept_trajectories": int(keep.sum()), "steps": len(picks)}
+  items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
+  if float(config.actor.il_weight) > 0:
+    items += [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
+  loss = sequence_nll(AUTOUI_PROB_CLAMP) if config.actor.normalize == "all_states" else weighted_token_nll
+  finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"), loss=loss)
   return summary
 
 
@@ -173,7 +209,7 @@ def test_episodes(config, workdir):
 
 def evaluate(config, workdir, store_dir, name, model_dir, temperature) -> dict:
   """The actor saved in `model_dir` on the test episodes, into `store_dir`: its success rate etc."""
-  actor = device.load_actor(config, model_dir, temperature, int(config.eval.seed))
+  actor = device.load_actor(config, model_dir, temperature, int(config.eval.seed), parse=str(config.parse))
   trajs = _rollout(config, device.env_spec(config), actor, test_episodes(config, workdir), store_dir, name)
   return device.eval_summary(trajs, temperature)
 
@@ -190,10 +226,10 @@ def behaviour_rollouts(config, workdir):
 
 
 def stage_eval(config, workdir, out):
-  actor_dir = os.path.join(workdir, "actor")
+  trained = lambda stage: stage if os.path.isdir(os.path.join(workdir, stage, "checkpoints")) else "il"
   policies = {"behaviour": ("il", config.behaviour.temperature), "il_actor": ("il", config.eval.temperature),
-              "digiq_actor": ("actor" if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else "il",
-                              config.eval.temperature)}
+              "filtered_bc_actor": (trained("filtered_bc"), config.eval.temperature),
+              "digiq_actor": (trained("actor"), config.eval.temperature)}
   results, reused = {}, behaviour_rollouts(config, workdir)
   writer = MetricWriter(out)
   for name, (stage, temperature) in policies.items():
@@ -204,7 +240,10 @@ def stage_eval(config, workdir, out):
                                temperature)
     writer.write_scalars(0, {f"eval/{name}_success_rate": results[name]["success_rate"]})
   writer.close()
-  results["digiq_minus_behaviour"] = results["digiq_actor"]["success_rate"] - results["behaviour"]["success_rate"]
+  results["digiq_minus_il"] = results["digiq_actor"]["success_rate"] - results["il_actor"]["success_rate"]
+  results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]
+                                        - results["filtered_bc_actor"]["success_rate"])
+  results["held_out"] = held_out(config, workdir)
   write_json(os.path.join(workdir, "results.json"), results)
   store, trajs = _store(workdir, "candidates", "store")
   pick = next((i for i, t in enumerate(trajs) if t.success == 1.0), 0)  # show a success if there is one
@@ -213,13 +252,29 @@ def stage_eval(config, workdir, out):
   return results
 
 
+def training_intents(config, workdir) -> set[str]:
+  """Every intent the run trained on: the demonstrations' and the behaviour data's (candidates, representation,
+  critic, actor and Filtered BC all read the behaviour episodes)."""
+  intents = {t.intent for t in draw_episodes(_suite(workdir, config.demos.split), int(config.demos.episodes),
+                                             int(config.seed), "demo")}
+  return intents | {t.intent for t in behaviour_episodes(config, workdir)}
+
+
+def held_out(config, workdir) -> bool:
+  """Whether the evaluation's intents appear in no training data of the run (the protocol's held-out rule)."""
+  return not {t.intent for t in test_episodes(config, workdir)} & training_intents(config, workdir)
+
+
 def results_table(results: dict) -> str:
-  rows = ["policy          success   episodes  temperature  mean steps"]
-  for name in ("behaviour", "il_actor", "digiq_actor"):
+  rows = ["policy             success   episodes  temperature  mean steps"]
+  for name in ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"):
     r = results[name]
-    rows.append(f"{name:<15} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
+    rows.append(f"{name:<18} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
                 f"{r['mean_steps']:10.2f}")
   if "rollouts" in results["behaviour"]:
     rows.append(f"(behaviour: scored on the {results['behaviour']['rollouts']}'s rollouts of these episodes)")
-  rows.append(f"Digi-Q − behaviour: {results['digiq_minus_behaviour'] * 100:+.1f} points")
+  rows.append(f"Digi-Q − IL: {results['digiq_minus_il'] * 100:+.1f} points; Digi-Q − Filtered BC: "
+              f"{results['digiq_minus_filtered_bc'] * 100:+.1f} points")
+  rows.append("held-out: the evaluation's intents are in no training data" if results["held_out"] else
+              "NOT held-out: the evaluation's intents are in the training data (behaviour.splits names test)")
   return "\n".join(rows)

@@ -35,6 +35,7 @@ from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.stages import Stages, read_json, write_json
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digirl import critics
+from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
@@ -45,12 +46,12 @@ CHOICES = {
     "model.kind": ("vlm",),
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),
+    "demos.split": ("train", "train_a", "train_b"),
     "parse": ("faithful", "lenient"),
     "judge.kind": ("programmatic", "llm"),
     "actor.loss": ("digirl", "token_nll"),
     "actor.advantage": ("code", "dr"),
 }
-AUTOUI_PROB_CLAMP = (1e-3, 0.99)  # `get_log_prob`'s clamp (§4.4)
 
 
 def run(config, workdir: str) -> dict:

@@ -18,6 +18,7 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.pipeline.stages import DONE
+from jaxagent.pipeline.tasks import draw_episodes
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data as data_lib
 from jaxagent.recipes import digiq
@@ -44,19 +45,22 @@ def test_killed_run_resumes_without_redoing_episodes(pipeline):
 
 
 @pytest.mark.slow
-def test_results_cover_the_three_policies(pipeline):
+def test_results_cover_the_four_policies_on_held_out_episodes(pipeline):
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   assert saved == results
-  for name in ("behaviour", "il_actor", "digiq_actor"):
+  for name in ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"):
     assert saved[name]["episodes"] == config.eval.episodes
     assert 0.0 <= saved[name]["success_rate"] <= 1.0
-  # The smoke behaviour episodes are the evaluation's (test split, as many): scored on those rollouts, not rerun.
-  assert saved["behaviour"]["rollouts"] == "behaviour stage"
-  assert not os.path.exists(os.path.join(workdir, "eval", "behaviour"))
-  assert saved["digiq_minus_behaviour"] == pytest.approx(
-      saved["digiq_actor"]["success_rate"] - saved["behaviour"]["success_rate"])
+  # The behaviour data are train_b episodes, so the behaviour policy is evaluated afresh on the test episodes.
+  assert "rollouts" not in saved["behaviour"] and os.path.isdir(os.path.join(workdir, "eval", "behaviour"))
+  assert saved["held_out"] is True
+  assert saved["digiq_minus_il"] == pytest.approx(
+      saved["digiq_actor"]["success_rate"] - saved["il_actor"]["success_rate"])
+  assert saved["digiq_minus_filtered_bc"] == pytest.approx(
+      saved["digiq_actor"]["success_rate"] - saved["filtered_bc_actor"]["success_rate"])
+  assert os.path.exists(os.path.join(workdir, "filtered_bc", "checkpoints"))
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "eval")))
 
 
@@ -81,7 +85,7 @@ def test_candidates_representations_and_scores_line_up(pipeline):
 
 def test_behaviour_splits_are_checked_before_any_work():
   config = digiq_config.get_config("smoke")
-  for splits in ("test", "train,test", "train"):
+  for splits in ("test", "train,test", "train", "train_b", "train_a,train_b"):
     config.behaviour.splits = splits
     validate(config, digiq.CHOICES, digiq.LISTS)
   config.behaviour.splits = "train,valid"
@@ -94,8 +98,10 @@ def test_behaviour_episodes_come_from_the_named_splits(tmp_path):
   config.behaviour.episodes = 24
   workdir = str(tmp_path)
   device.stage_tasks(config, os.path.join(workdir, "tasks"))
-  splits = {name: {t.id for t in device.suite(workdir, name)} for name in ("train", "test")}
+  splits = {name: {t.id for t in device.suite(workdir, name)} for name in ("train", "test", "train_b")}
   base = lambda: {t.id.split("@")[0] for t in digiq.behaviour_episodes(config, workdir)}
+  assert base() == splits["train_b"]  # the default
+  config.behaviour.splits = "test"
   assert base() == splits["test"]
   config.behaviour.splits = "train"
   assert base() == splits["train"]
@@ -106,6 +112,7 @@ def test_behaviour_episodes_come_from_the_named_splits(tmp_path):
 def test_behaviour_episodes_on_the_test_split_are_the_evaluations(tmp_path):
   config = digiq_config.get_config("smoke")
   config.eval.episodes, config.behaviour.episodes = 5, 7
+  config.behaviour.splits = "test"
   workdir = str(tmp_path)
   device.stage_tasks(config, os.path.join(workdir, "tasks"))
   evaluation = [t.id for t in digiq.test_episodes(config, workdir)]
@@ -114,10 +121,30 @@ def test_behaviour_episodes_on_the_test_split_are_the_evaluations(tmp_path):
   assert not set(evaluation) & {t.id for t in digiq.behaviour_episodes(config, workdir)}
 
 
+def test_the_default_evaluates_on_intents_in_no_training_data(tmp_path):
+  """The protocol's rule on the default config: no evaluation intent in the demonstrations or the behaviour data
+  (every later stage trains on those), checked on the drawn episodes themselves; `held_out` says so in the
+  results, and says the opposite for the earlier default (behaviour on the test split)."""
+  config = digiq_config.get_config()
+  workdir = str(tmp_path)
+  device.stage_tasks(config, os.path.join(workdir, "tasks"))
+  demos = draw_episodes(device.suite(workdir, config.demos.split), config.demos.episodes, config.seed, "demo")
+  behaviour = digiq.behaviour_episodes(config, workdir)
+  evaluation = digiq.test_episodes(config, workdir)
+  assert len(evaluation) >= 100 and len(behaviour) == config.behaviour.episodes
+  train_intents = {t.intent for t in demos} | {t.intent for t in behaviour}
+  assert not {t.intent for t in evaluation} & train_intents
+  assert not {t.intent for t in demos} & {t.intent for t in behaviour}  # behaviour: pairs the IL start never saw
+  assert digiq.held_out(config, workdir)
+  config.behaviour.splits = "test"
+  assert not digiq.held_out(config, workdir)
+
+
 def test_eval_reuses_behaviour_rollouts_only_when_they_cover_every_episode(tmp_path):
   from jaxagent import types
   config = digiq_config.get_config("smoke")
   config.eval.episodes = 3
+  config.behaviour.splits = "test"
   workdir = str(tmp_path)
   device.stage_tasks(config, os.path.join(workdir, "tasks"))
   episodes = digiq.test_episodes(config, workdir)

@@ -55,6 +55,12 @@ def _pair_split(i: int, j: int) -> str:
   return "test" if (i + j) % 3 == 0 else "train"
 
 
+def _pair_part(i: int, j: int) -> str:
+  """The train pairs' two parts: each category once in each (with a different sort), each sort in both; a recipe
+  can demonstrate one part and collect offline data on the other, the test pairs held out of both."""
+  return "a" if (i + j) % 3 == 1 else "b"
+
+
 def _site_url(site: str) -> str:
   return f"{PLACEHOLDER}/{site}/"
 
@@ -251,7 +257,7 @@ TEST_FRACTION = 0.25
 
 
 def _for_profile(task_id: str, profile: str, intent: str, evaluator: dict, oracle: list, site: str, split: str,
-                 template: str, seed: int) -> Task:
+                 template: str, seed: int, part: str) -> Task:
   if profile == "device":
     start, oracle = _site_url("launcher"), [click(f"#app-{site}", site.title())] + oracle
   else:
@@ -261,7 +267,16 @@ def _for_profile(task_id: str, profile: str, intent: str, evaluator: dict, oracl
         evaluator["answer_only"]
   return Task(id=task_id, intent=intent, site=site, start_url=start, profile=profile, max_steps=MAX_STEPS[profile],
               evaluator=evaluator, oracle=oracle, split=split, template=template, seed=seed,
-              meta={"home_url": _site_url("launcher")})
+              meta={"home_url": _site_url("launcher"), "part": part})
+
+
+def _part(template: str, entity, k: int) -> str:
+  """Which half of its split a task falls in (`Task.meta["part"]`, "a" | "b"): the Latin-square fold for the
+  (category, sort) pairs, alternation in draw order for the other families."""
+  if template == "shop_category_sort":
+    cat, sort = entity
+    return _pair_part(sorted(catalog.CATEGORIES).index(cat), SORT_KEYS.index(sort))
+  return "a" if k % 2 == 0 else "b"
 
 
 def generate(seed: int = 0, profiles: Iterable[str] = PROFILES) -> dict[str, list[Task]]:
@@ -278,9 +293,10 @@ def generate(seed: int = 0, profiles: Iterable[str] = PROFILES) -> dict[str, lis
       chosen = rng.sample(pool, min(want, len(pool)))
       for k, entity in enumerate(chosen):
         intent, evaluator, oracle, site = template(world, rng, entity)
+        part = _part(name, entity, k)
         for profile in profiles:
           out[split].append(_for_profile(f"{profile}.{split}.{name}.{k}", profile, intent, evaluator, oracle,
-                                         site, split, name, seed))
+                                         site, split, name, seed, part))
   return out
 
 

@@ -39,6 +39,24 @@ def test_splits_have_disjoint_entities_and_a_held_out_family(suite):
     assert any(t.template == held_out for t in suite["test"])
 
 
+def test_category_sort_train_parts_each_hold_every_category_once(suite):
+  """The two halves of the train pairs: disjoint intents, each category once per half with a different sort,
+  each sort in both halves; the test pairs in neither."""
+  train = [t for t in suite["train"] if t.profile == "device" and t.template == "shop_category_sort"]
+  test = {t.intent for t in suite["test"] if t.profile == "device" and t.template == "shop_category_sort"}
+  pair = lambda t: re.search(r"/shop/c/(\w+)\?sort=(\w+)", t.evaluator["url"]).groups()
+  parts = {p: [pair(t) for t in train if t.meta["part"] == p] for p in ("a", "b")}
+  assert len(parts["a"]) == len(parts["b"]) == len(catalog.CATEGORIES)
+  for p in ("a", "b"):
+    assert sorted(c for c, _ in parts[p]) == sorted(catalog.CATEGORIES)
+    assert {s for _, s in parts[p]} == set(tasks.SORT_KEYS)
+  assert not set(parts["a"]) & set(parts["b"])
+  intents = {p: {t.intent for t in train if t.meta["part"] == p} for p in ("a", "b")}
+  assert not intents["a"] & intents["b"] and not (intents["a"] | intents["b"]) & test
+  other = [t.meta["part"] for t in suite["train"] if t.template == "shop_price" and t.profile == "web"]
+  assert other.count("a") - other.count("b") in (0, 1)  # other families: alternate halves
+
+
 def test_generation_is_deterministic_and_ids_unique(suite):
   again = tasks.generate(seed=0)
   assert [t.to_json() for t in again["test"]] == [t.to_json() for t in suite["test"]]

@@ -1,0 +1,83 @@
+"""The protocol's headline: a whole recipe repeated over global seeds (`python -m jaxagent.main ... --seeds=0,1,2`).
+
+Each seed runs the full pipeline in `<workdir>/seed<k>/` with `config.seed = k` (the task suites stay those of
+`config.tasks.seed`: the benchmark is fixed, the demonstrations, initialisations, samples and data are not), so a
+killed multi-seed run resumes where it stopped. `<workdir>/results.json` then holds the per-seed results combined:
+every success rate becomes the mean over seeds with its spread (`report.over_seeds`), other numbers their mean,
+and values that agree across seeds (episode counts, temperatures) stay as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+from typing import Any, Callable, Sequence
+
+from jaxagent.pipeline import report
+from jaxagent.pipeline.stages import write_json
+
+
+def parse_seeds(text: str) -> list[int]:
+  """"0,1,2" → [0, 1, 2]; refuses repeats and non-integers, naming the flag."""
+  try:
+    seeds = [int(s) for s in str(text).split(",") if s.strip()]
+  except ValueError:
+    raise ValueError(f"--seeds={text!r}: expected comma-separated integers, e.g. --seeds=0,1,2") from None
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise ValueError(f"--seeds={text!r}: expected distinct comma-separated integers, e.g. --seeds=0,1,2")
+  return seeds
+
+
+def seed_workdir(workdir: str, seed: int) -> str:
+  return os.path.join(workdir, f"seed{seed}")
+
+
+def combine(per_seed: dict[int, Any]) -> Any:
+  """Per-seed results (same structure) → one: success rates as `report.over_seeds` with the per-seed values,
+  other numbers their mean, anything equal across seeds as it is, anything else the per-seed list."""
+  values = list(per_seed.values())
+  first = values[0]
+  if all(isinstance(v, dict) for v in values) and all(v.keys() == first.keys() for v in values):
+    out = {k: combine({s: v[k] for s, v in per_seed.items()}) for k in first}
+    if isinstance(first.get("success_rate"), (int, float)):
+      rates = {s: {"success_rate": float(v["success_rate"])} for s, v in per_seed.items()}
+      spread = report.over_seeds(rates)
+      out.update(success_rate=spread["mean"], std=spread["std"], min=spread["min"], max=spread["max"],
+                 per_seed={str(s): r["success_rate"] for s, r in rates.items()})
+    return out
+  if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+    return [combine({s: v[i] for s, v in per_seed.items()}) for i in range(len(first))]
+  if all(v == first for v in values):
+    return first
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    return statistics.fmean(float(v) for v in values)
+  return [per_seed[s] for s in per_seed]
+
+
+def table(combined: dict) -> str:
+  """One row per policy: the mean success rate over seeds ± its sample standard deviation, range, per seed."""
+  rows = ["policy             mean ± std         range          per seed"]
+  for name, r in combined.items():
+    if isinstance(r, dict) and "per_seed" in r:
+      per = "  ".join(f"{s}: {v:.1%}" for s, v in r["per_seed"].items())
+      rows.append(f"{name:<18} {r['success_rate']:6.1%} ± {r['std']:5.1%}   {r['min']:5.1%}–{r['max']:5.1%}   {per}")
+  return "\n".join(rows)
+
+
+def run_seeds(run: Callable[[Any, str], dict], config, workdir: str, seeds: Sequence[int],
+              write_config: Callable[[Any, str], None]) -> dict:
+  """`run(config_k, workdir_k)` for every seed k, then their results combined into `<workdir>/results.json`."""
+  per_seed = {}
+  for seed in seeds:
+    cfg = copy.deepcopy(config)
+    cfg.seed = int(seed)
+    out = seed_workdir(workdir, seed)
+    os.makedirs(out, exist_ok=True)
+    write_config(cfg, out)
+    print(f"\n=== seed {seed} → {out}")
+    per_seed[int(seed)] = run(cfg, out)
+  combined = {"seeds": list(map(int, seeds)), **combine(per_seed)}
+  write_json(os.path.join(workdir, "results.json"), combined)
+  print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
+  return combined

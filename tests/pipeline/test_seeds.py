@@ -1,0 +1,77 @@
+"""The multi-seed runner: per-seed workdirs and configs, and how per-seed results combine."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from jaxagent.pipeline import seeds
+
+
+def _results(il, digiq, minus, monotone):
+  return {"il_actor": {"success_rate": il, "episodes": 100, "temperature": 0.8, "mean_steps": 5.0 + il},
+          "digiq_actor": {"success_rate": digiq, "episodes": 100, "temperature": 0.8, "mean_steps": 4.0},
+          "digiq_minus_il": minus, "held_out": True, "monotone": monotone}
+
+
+def test_success_rates_become_mean_and_spread_over_seeds():
+  per_seed = {0: _results(0.10, 0.30, 0.20, True), 1: _results(0.20, 0.35, 0.15, False),
+              2: _results(0.15, 0.50, 0.35, True)}
+  out = seeds.combine(per_seed)
+  il = out["il_actor"]
+  assert il["success_rate"] == pytest.approx(0.15)
+  assert il["std"] == pytest.approx(statistics.stdev([0.10, 0.20, 0.15]))
+  assert (il["min"], il["max"]) == (0.10, 0.20)
+  assert il["per_seed"] == {"0": 0.10, "1": 0.20, "2": 0.15}
+  assert il["episodes"] == 100 and il["temperature"] == 0.8  # equal across seeds: kept as is
+  assert il["mean_steps"] == pytest.approx(5.15)  # other numbers: their mean
+  assert out["digiq_actor"]["success_rate"] == pytest.approx(0.38333333)
+  assert out["digiq_minus_il"] == pytest.approx(0.70 / 3)
+  assert out["held_out"] is True
+  assert out["monotone"] == [True, False, True]  # disagreeing flags stay per seed
+
+
+def test_lists_combine_element_by_element():
+  rows = lambda a, b: {"per_iteration": [{"success_rate": a}, {"success_rate": b}]}
+  out = seeds.combine({0: rows(0.1, 0.3), 1: rows(0.3, 0.5)})
+  assert [r["success_rate"] for r in out["per_iteration"]] == pytest.approx([0.2, 0.4])
+
+
+def test_parse_seeds_refuses_repeats_and_junk():
+  assert seeds.parse_seeds("0,1, 2") == [0, 1, 2]
+  for bad in ("0,0", "a,b", ","):
+    with pytest.raises(ValueError, match="--seeds"):
+      seeds.parse_seeds(bad)
+
+
+def test_run_seeds_runs_each_seed_in_its_own_workdir(tmp_path):
+  config = ml_collections.ConfigDict({"seed": 0, "eval": {"episodes": 4}})
+  config.lock()
+  calls = []
+
+  def run(cfg, workdir):
+    calls.append((cfg.seed, workdir))
+    return {"actor": {"success_rate": cfg.seed / 4, "episodes": 4, "temperature": 1.0}}
+
+  written = []
+  out = seeds.run_seeds(run, config, str(tmp_path), [3, 1], lambda cfg, d: written.append((cfg.seed, d)))
+  assert calls == written == [(3, str(tmp_path / "seed3")), (1, str(tmp_path / "seed1"))]
+  assert config.seed == 0  # the caller's config is not changed
+  with open(tmp_path / "results.json") as f:
+    saved = json.load(f)
+  assert saved == out and saved["seeds"] == [3, 1]
+  assert saved["actor"]["success_rate"] == pytest.approx(0.5)
+  assert saved["actor"]["per_seed"] == {"3": 0.75, "1": 0.25}
+
+
+def test_cli_refuses_bad_seeds_before_any_work(tmp_path):
+  workdir = tmp_path / "w"
+  proc = subprocess.run([sys.executable, "-m", "jaxagent.main", "--config=configs/il.py:smoke",
+                         f"--workdir={workdir}", "--seeds=1,1"], capture_output=True, text=True, timeout=300,
+                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+  assert proc.returncode != 0 and "--seeds" in proc.stderr
+  assert not workdir.exists()
