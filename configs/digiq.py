@@ -4,10 +4,12 @@ representation fine-tuning → critic → Best-of-N actor → evaluation.
   python -m jaxagent.main --config=configs/digiq.py --workdir=/tmp/digiq
 
 The bare file is the embedded default (a laptop CPU, no download): the phone-profile `shop_category_sort` tasks
-of the bundled sites (16 (category, sort) pairs in train, the 8 held-out pairs in test), a tiny VLM trained from
-scratch, N = 4 candidates per state. The expert demonstrates the train pairs only; the offline data are the IL
-actor's own judged attempts at the test pairs, which are also the evaluation's episodes. Figures and the reasons
-for each CPU departure: docs/results/digiq.md.
+of the bundled sites, a tiny VLM trained from scratch, N = 4 candidates per state. Its 24 (category, sort) pairs
+fall in three parts, each category once in each: the scripted expert demonstrates `train_a`, the IL actor's judged
+attempts at `train_b` are the offline data (pairs it never saw demonstrated), and the evaluation's episodes are
+the `test` pairs, whose intents are in neither. Behaviour, IL, Filtered BC and Digi-Q are evaluated on them at the
+same temperature; `--seeds=0,1,2` repeats the whole run per global seed for the protocol's headline. Figures and
+each departure from the original code: docs/results/digiq.md.
 
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).

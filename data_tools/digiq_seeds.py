@@ -31,11 +31,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxagent.data.store import TrajectoryStore  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline import device  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.finetune import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.stages import Stages  # noqa: E402  pylint: disable=g-import-not-at-top
-from jaxagent.proj.digiq import data  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.recipes import digiq  # noqa: E402  pylint: disable=g-import-not-at-top
 
 DATA_STAGES = ("tasks", "il", "behaviour", "candidates", "representation")
@@ -57,18 +55,14 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
   link_data(workdir, seed_dir)
   stages = Stages(seed_dir, "digiq_seeds")
   summary = {}
-  if control in ("demos", "filtered_bc"):
-    def control_actor(out):
+  if control == "filtered_bc":
+    summary["actor"] = stages.run("actor", lambda out: digiq.stage_filtered_bc(config, seed_dir, out))
+  elif control == "demos":
+    def demos_actor(out):
       items = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(seed_dir)]
-      info = {"il_samples": len(items)}
-      if control == "filtered_bc":
-        store = TrajectoryStore(os.path.join(seed_dir, "candidates", "store"))
-        bc = data.filtered_bc_samples(store, [store.read(i) for i in range(len(store))], os.path.join(out, "images"))
-        info["filtered_bc_samples"] = len(bc)
-        items = bc + (items if float(config.actor.il_weight) > 0 else [])
       finetune(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
-      return info
-    summary["actor"] = stages.run("actor", control_actor)
+      return {"il_samples": len(items)}
+    summary["actor"] = stages.run("actor", demos_actor)
   else:
     summary["critic"] = stages.run("critic", lambda out: digiq.stage_critic(config, seed_dir, out))
     summary["actor"] = stages.run("actor", lambda out: digiq.stage_actor(config, seed_dir, out))

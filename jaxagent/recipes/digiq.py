@@ -35,7 +35,6 @@ from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data, represent, viewer
-from jaxagent.proj.digirl import critics as digirl_critics
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
@@ -143,17 +142,28 @@ def stage_representation(config, workdir, out):
 
 
 def stage_critic(config, workdir, out):
+  """Trains on the rows of all but the `critic.val_fraction` held-out trajectories and reports the same TD loss on
+  the held-out rows (`digiq/algorithms/offpolicy_train_loop.py`); scores every row's candidates into `scores.npz`
+  with `held_out` [M] marking the validation rows, which the code's actor does not train on either."""
   _, trajs = _store(workdir, "candidates", "store")
   cache = dict(np.load(os.path.join(workdir, "representation", "reps.npz")))
+  c, stage = config.critic, stage_config(config, config.critic)
   cfg: CriticConfig = critic_lib.critic_config(config, cache)
-  rows = critic_lib.transition_arrays(trajs, cache, cfg, float(config.critic.gamma))
-  critic = critic_lib.train_critic(stage_config(config, config.critic), out, rows, cfg)
+  rows = critic_lib.transition_arrays(trajs, cache, cfg, float(c.gamma), frame_stack=bool(c.frame_stack))
+  held_out = critic_lib.held_out_rows(cache["rows"], float(c.val_fraction), int(stage.seed))
+  critic = critic_lib.train_critic(stage, out, critic_lib.take_rows(rows, ~held_out), cfg)
+  val = (critic_lib.log_validation(stage, out, critic, critic_lib.take_rows(rows, held_out)) if held_out.any()
+         else None)
   q, v = critic_lib.score_candidates(critic.online, rows)
-  np.savez(os.path.join(out, "scores.tmp.npz"), q=q, v=v, rows=cache["rows"], valid=rows["valid"])
+  np.savez(os.path.join(out, "scores.tmp.npz"), q=q, v=v, rows=cache["rows"], valid=rows["valid"],
+           held_out=held_out)
   os.replace(os.path.join(out, "scores.tmp.npz"), os.path.join(out, "scores.npz"))
   succ = np.asarray([trajs[i].success == 1.0 for i, _ in cache["rows"]])  # does V rank states by outcome?
   vmax = v.max(-1)
-  return {"rows": int(len(q)), "v_success": float(vmax[succ].mean()) if succ.any() else None,
+  return {"rows": int(len(q)), "train_rows": int((~held_out).sum()), "held_out_rows": int(held_out.sum()),
+          "held_out_trajectories": int(len(np.unique(cache["rows"][held_out, 0]))),
+          "val_loss": val["loss"] if val else None,
+          "v_success": float(vmax[succ].mean()) if succ.any() else None,
           "v_failure": float(vmax[~succ].mean()) if (~succ).any() else None}
 
 
@@ -186,17 +196,16 @@ def stage_actor(config, workdir, out):
 
 
 def stage_filtered_bc(config, workdir, out):
-  """Filtered BC (the Digi-Q paper's baseline, DigiRL §4.7): every step of the behaviour episodes at or above the
-  90 % reward quantile (the successes), trained from the IL actor with the actor's stage block, loss and
-  demonstrations, so the two actors differ only in which (state, action) pairs they imitate."""
+  """Filtered BC (the Digi-Q paper's baseline, §5.8): every step of the successful behaviour episodes, trained
+  from the IL actor with the actor's stage block, loss and demonstrations, so that the two actors differ only in
+  which (state, action) pairs they imitate."""
   store, trajs = _store(workdir, "behaviour", "store")
-  keep = digirl_critics.filterbc_keep(trajs)
-  picks = [(i, k, s.action_text, 1.0) for i in np.flatnonzero(keep) for k, s in enumerate(trajs[i].steps)
-           if s.image_path and s.action_text]
-  summary = {"kept_trajectories": int(keep.sum()), "steps": len(picks)}
-  items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
+  items = data.filtered_bc_samples(store, trajs, os.path.join(out, "images"))
+  summary = {"filtered_bc_samples": len(items)}
   if float(config.actor.il_weight) > 0:
-    items += [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
+    demos = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
+    items += demos
+    summary["il_samples"] = len(demos)
   loss = sequence_nll(AUTOUI_PROB_CLAMP) if config.actor.normalize == "all_states" else weighted_token_nll
   finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"), loss=loss)
   return summary
