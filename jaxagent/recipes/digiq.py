@@ -132,7 +132,9 @@ def stage_representation(config, workdir, out):
   init = config.representation.hf_checkpoint or os.path.join(workdir, "il")
   finetune(stage_config(config, config.representation, seed_offset=3), os.path.join(out, "model"), items,
            init_from=init)
-  encoder = represent.Encoder(load_policy(os.path.join(out, "model")), config.representation.batch)
+  encoder = represent.Encoder(load_policy(os.path.join(out, "model")), config.representation.batch,
+                              readout=config.representation.readout,
+                              max_new_tokens=config.representation.max_new_tokens)
   cache = represent.extract(encoder, trajs, store)
   np.savez(os.path.join(out, "reps.tmp.npz"), **cache)
   os.replace(os.path.join(out, "reps.tmp.npz"), os.path.join(out, "reps.npz"))
@@ -174,13 +176,16 @@ def stage_actor(config, workdir, out):
   normalises per token, without the clamp."""
   store, trajs = _store(workdir, "candidates", "store")
   scores = dict(np.load(os.path.join(workdir, "critic", "scores.npz")))
+  # The critic's training trajectories only, as `trainer.py:update_policy` reads the training buffer alone.
+  train = ~scores["held_out"] if "held_out" in scores else np.ones(len(scores["rows"]), bool)
+  scores = {k: v[train] for k, v in scores.items()}
   idx, adv, weight = critic_lib.best_of_n(config.actor, scores)
   every_state = config.actor.normalize == "all_states"
   picks = [(i, k, trajs[i].steps[k].candidates[int(idx[r])], weight[r])
            for r, (i, k) in enumerate(scores["rows"]) if every_state or weight[r] > 0]
   kept = int((weight > 0).sum())
   summary = {"states": int(len(idx)), "kept": kept, "picked_non_dataset": int((idx[weight > 0] != 0).sum()),
-             "mean_adv": float(adv.mean())}
+             "mean_adv": float(adv.mean()), "held_out_states": int((~train).sum())}
   if not kept:
     summary["note"] = "no candidate cleared the threshold; the Digi-Q actor equals the IL actor"
     return summary

@@ -1,6 +1,7 @@
 """Target networks: a second copy of the parameters that trails the online ones by Polyak averaging.
 
-Digi-Q keeps a full copy of its critic (`advantage_estimation: bellman`) and moves it toward the online
+Digi-Q keeps a second critic of the same architecture, built with its own random initialisation
+(`digiq/models/autoui_agent.py:AutoUIAgent.__init__`; `advantage_estimation: bellman`), and moves it toward the online
 critic once per epoch with τ = 0.10 (`reference/algorithms.md` §5.3; `digiq/models/autoui_agent.py:
 soft_update_target_critic`, called from `digiq/algorithms/digiq/trainer.py:update_critic`). Both functions
 work on any pytree of arrays, including an `nnx.State` (whose Variables keep their metadata, e.g.
@@ -32,7 +33,8 @@ def polyak_update(target: Tree, online: Tree, tau: float) -> Tree:
 
 
 def init_target(online: Tree) -> Tree:
-  """A target network that starts equal to the online one, in its own buffers (Digi-Q deep-copies the critic)."""
+  """A target network that starts equal to the online one, in its own buffers (`critic.target_init=copy`; the
+  original Digi-Q builds its target from a fresh random init instead)."""
   return jax.tree.map(jnp.array, online)
 
 

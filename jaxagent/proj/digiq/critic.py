@@ -5,6 +5,17 @@ Rows are the behaviour data's transitions (s, a_data, r, s', done) with the term
 holds the online critic and its target (`CriticWithTarget`): the optimizer trains the online one, and the target
 follows it by Polyak averaging (τ) every `target_every` steps inside the same jitted step, so Grain batches, the
 mesh, Orbax checkpoints (a killed stage resumes) and TensorBoard are the ones every training uses.
+
+Three choices follow the original code by default, each with the earlier behaviour as an option
+(`config.critic`):
+  frame_stack   a state's image features are [previous screen ‖ current screen], s' gets [f_t ‖ f_{t+1}]
+                (`digiq/algorithms/offpolicy_train_loop.py:framestack`); False: the current screen only.
+  val_fraction  that fraction of the trajectories is held out of training and scored with the training loss as a
+                validation set (`offpolicy_train_loop.py` keeps the first 80 % for the replay buffer, the rest
+                for the validation buffer that `trainer.py:update_critic` only evaluates); 0.0: train on all.
+  target_init   "random": the target is a second critic built from the seed's next draws, as
+                `digiq/models/autoui_agent.py` constructs a second `VLMDoubleCritic` (its randomly initialised
+                parts differ from the online critic's); "copy": a clone of the online critic.
 """
 
 from __future__ import annotations
@@ -18,23 +29,37 @@ from flax import nnx
 
 from jaxagent import types
 from jaxagent.agents import autoui
-from jaxagent.data import pipeline
+from jaxagent.data import pipeline, transitions
 from jaxagent.models.critic import CriticConfig, DigiQCritic
 from jaxagent.proj.digiq.features import featurize
 from jaxagent.rl import losses
 from jaxagent.rl.returns import mc_return
 from jaxagent.rl.targets import polyak_update
 from jaxagent.train import loop
+from jaxagent.train.metrics import MetricWriter
 
 ONLINE = nnx.All(nnx.Param, nnx.PathContains("online"))  # what the optimizer trains
+TARGET_INITS = ("random", "copy")
 
 
 class CriticWithTarget(nnx.Module):
-  """The online critic and its target network, which starts as a copy (Digi-Q deep-copies the critic)."""
+  """The online critic and its target network.
 
-  def __init__(self, cfg: CriticConfig, seed: int):
-    self.online = DigiQCritic(cfg, rngs=nnx.Rngs(seed))
-    self.target = nnx.clone(self.online)
+  `target_init="random"` (the code): the target is built like the online critic from the same `nnx.Rngs`, so its
+  parameters are the seed's next draws. `digiq/models/autoui_agent.py:AutoUIAgent.__init__` constructs
+  `target_critic` as a second `VLMDoubleCritic`, never copied from `critic`: its MLP heads (and the RoBERTa
+  poolers, which roberta-base's checkpoint lacks) start from their own random init, only the pretrained RoBERTa
+  bodies coincide; our text encoders have no pretrained weights, so every part of the target differs.
+  `"copy"`: the target starts equal to the online critic. The online critic is the same in both.
+  """
+
+  def __init__(self, cfg: CriticConfig, seed: int, target_init: str = "random"):
+    if target_init not in TARGET_INITS:
+      raise ValueError(f"critic.target_init={target_init!r}: use 'random' (the code's own init for the target) or "
+                       "'copy' (a clone of the online critic)")
+    rngs = nnx.Rngs(seed)
+    self.online = DigiQCritic(cfg, rngs=rngs)
+    self.target = DigiQCritic(cfg, rngs=rngs) if target_init == "random" else nnx.clone(self.online)
 
 
 def polyak_every(tau: float, every: int):
@@ -97,16 +122,20 @@ def td_loss(critic: DigiQCritic, target: DigiQCritic, batch: Mapping[str, jax.Ar
 
 
 def critic_config(config, cache: Mapping[str, np.ndarray]) -> CriticConfig:
+  """The critic's sizes for `config.critic` over the representation cache; `frame_stack` doubles the image
+  features' width."""
   c = config.critic
-  return CriticConfig(text_dim=int(c.text_dim), image_dim=int(cache["image"].shape[-1]),
+  image_dim = int(cache["image"].shape[-1]) * (2 if bool(c.frame_stack) else 1)
+  return CriticConfig(text_dim=int(c.text_dim), image_dim=image_dim,
                       rep_dim=int(cache["reps"].shape[-1]), out_dim=1 if c.learn_metric == "regression" else 2,
                       text_encoder=str(c.text_encoder), point_octaves=int(c.point_octaves))
 
 
 def transition_arrays(trajs: Sequence[types.Trajectory], cache: Mapping[str, np.ndarray], cfg: CriticConfig,
-                      gamma: float) -> dict[str, np.ndarray]:
+                      gamma: float, frame_stack: bool = True) -> dict[str, np.ndarray]:
   """Host-side arrays of every row: critic text features of s (with the dataset action and with all N
-  candidates) and of s', image features, reward, done, MC return and candidate validity."""
+  candidates) and of s', image features (with `frame_stack`, [f_{t−1} ‖ f_t] and [f_t ‖ f_{t+1}]:
+  `transitions.frame_stack`), reward, done, MC return and candidate validity."""
   rows = [tuple(r) for r in cache["rows"]]
   obs, nxt, cands, reward, done, ret = [], [], [], [], [], []
   for i, k in rows:
@@ -129,8 +158,15 @@ def transition_arrays(trajs: Sequence[types.Trajectory], cache: Mapping[str, np.
   for key in ("goal", "prev_type", "prev_text", "prev_point"):
     if key in nx:
       data["next_" + key] = nx[key]
-  data["image_features"] = cache["image"]
-  data["next_image_features"] = cache["next_image"]
+  if frame_stack:
+    data["image_features"], data["next_image_features"] = transitions.frame_stack(cache["rows"], cache["image"],
+                                                                                  cache["next_image"])
+  else:
+    data["image_features"], data["next_image_features"] = cache["image"], cache["next_image"]
+  if data["image_features"].shape[-1] != cfg.image_dim:
+    raise ValueError(f"transition_arrays: image features of width {data['image_features'].shape[-1]} (frame_stack="
+                     f"{frame_stack}) but CriticConfig.image_dim={cfg.image_dim}; build the config with "
+                     "`critic_config` from the same config.critic.frame_stack")
   data["cand_rep"] = cache["reps"]
   data["q_rep"] = cache["reps"][:, 0]
   data["reward"] = np.asarray(reward, np.float32)
@@ -140,15 +176,34 @@ def transition_arrays(trajs: Sequence[types.Trajectory], cache: Mapping[str, np.
   return data
 
 
+def held_out_rows(rows: np.ndarray, val_fraction: float, seed: int) -> np.ndarray:
+  """bool [M]: the rows of the trajectories held out of the critic's training (`transitions.held_out_trajectories`
+  over the trajectories that have rows), whole trajectories at a time as `offpolicy_train_loop.py` splits them."""
+  if not 0.0 <= val_fraction < 1.0:
+    raise ValueError(f"critic.val_fraction={val_fraction} must lie in [0, 1): the fraction of trajectories held out "
+                     "as the critic's validation set (0.0 trains on all)")
+  traj = np.asarray(rows).reshape(-1, 2)[:, 0]
+  held = np.isin(traj, transitions.held_out_trajectories(traj, val_fraction, seed))
+  if len(held) and held.all():
+    raise ValueError(f"critic.val_fraction={val_fraction} leaves none of the {len(np.unique(traj))} trajectories "
+                     "for training; lower critic.val_fraction or collect more behaviour.episodes")
+  return held
+
+
+def take_rows(data: Mapping[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+  """The rows of `data` where `mask` is true."""
+  return {k: v[mask] for k, v in data.items()}
+
+
 def _split(batch):
   nxt = {k[len("next_"):]: v for k, v in batch.items() if k.startswith("next_")}
   cur = {k: v for k, v in batch.items() if not k.startswith("next_")}
   return cur, nxt
 
 
-def train_critic(config, workdir: str, data: Mapping[str, np.ndarray], cfg: CriticConfig) -> CriticWithTarget:
-  """Trains the critic for `config.train.steps` (a `pipeline.stage_config` of `config.critic`) on `data`'s rows
-  with `loop.train` in `workdir`; returns the trained module (restored from the final checkpoint)."""
+def critic_loss_fn(config):
+  """`loss_fn(model, batch, rng)` of `config.critic`: `td_loss` on a batch of `transition_arrays` rows, the one
+  loss both training and validation use."""
   c = config.critic
   gamma, backup, adv = float(c.gamma), str(c.backup), str(c.advantage_estimation)
 
@@ -157,12 +212,53 @@ def train_critic(config, workdir: str, data: Mapping[str, np.ndarray], cfg: Crit
     return td_loss(model.online, model.target, cur, nxt, cur["reward"], cur["done"], gamma, backup=backup,
                    key=rng, mc_return=cur["mc_return"], advantage_estimation=adv)
 
-  rows = {k: v for k, v in data.items() if k != "valid"}
-  ds = pipeline.rows_dataset(rows, batch_size=int(config.train.batch_size), seed=int(config.seed))
-  model_fn = lambda: CriticWithTarget(cfg, int(config.seed))
-  loop.train(config, workdir, model_fn=model_fn, loss_fn=loss_fn, dataset=ds, wrt=ONLINE,
+  return loss_fn
+
+
+def _loss_rows(data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return {k: v for k, v in data.items() if k != "valid"}
+
+
+def train_critic(config, workdir: str, data: Mapping[str, np.ndarray], cfg: CriticConfig) -> CriticWithTarget:
+  """Trains the critic for `config.train.steps` (a `pipeline.stage_config` of `config.critic`) on `data`'s rows
+  with `loop.train` in `workdir`; returns the trained module (restored from the final checkpoint)."""
+  c = config.critic
+  ds = pipeline.rows_dataset(_loss_rows(data), batch_size=int(config.train.batch_size), seed=int(config.seed))
+  model_fn = lambda: CriticWithTarget(cfg, int(config.seed), str(c.target_init))
+  loop.train(config, workdir, model_fn=model_fn, loss_fn=critic_loss_fn(config), dataset=ds, wrt=ONLINE,
              after_update=polyak_every(float(c.tau), int(c.target_every)))
   return restore(config, workdir, model_fn)
+
+
+def validation_loss(config, critic: CriticWithTarget, data: Mapping[str, np.ndarray], batch: int = 1024
+                    ) -> dict[str, float]:
+  """The training loss (`critic_loss_fn`) over every row of `data` (the held-out trajectories' rows): its mean and
+  the per-head means. `trainer.py:update_critic` evaluates `critic_loss(validation=True)` on 128 rows drawn with
+  replacement from the validation buffer; every row once gives the same expectation without the noise."""
+  loss_fn = nnx.jit(critic_loss_fn(config))
+  rows = _loss_rows(data)
+  n = len(rows["reward"])
+  if not n:
+    raise ValueError("validation_loss: no held-out rows (critic.val_fraction=0.0 holds none out)")
+  key = jax.random.key(int(config.seed))  # backup="sample" draws its candidate from it
+  totals: dict[str, float] = {}
+  for start in range(0, n, batch):
+    chunk = {k: jnp.asarray(v[start:start + batch]) for k, v in rows.items()}
+    loss, parts = loss_fn(critic, chunk, key)
+    share = len(chunk["reward"]) / n  # every term is a mean over the chunk's rows
+    for name, value in {"loss": loss, **parts}.items():
+      totals[name] = totals.get(name, 0.0) + share * float(value)
+  return totals
+
+
+def log_validation(config, workdir: str, critic: CriticWithTarget, data: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """`validation_loss` on `data`, written as `val/*` scalars at the final step to `workdir`'s TensorBoard and
+  `metrics.jsonl` beside the training curves (the original logs it to wandb as `validation.*`)."""
+  values = validation_loss(config, critic, data)
+  writer = MetricWriter(workdir)
+  writer.write_scalars(int(config.train.steps), {f"val/{k}": v for k, v in values.items()})
+  writer.close()
+  return values
 
 
 def restore(config, workdir: str, model_fn) -> CriticWithTarget:

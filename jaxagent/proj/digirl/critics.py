@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import types
-from jaxagent.data import pipeline
+from jaxagent.data import pipeline, transitions
 from jaxagent.pipeline.device import FORMAT
 from jaxagent.rl import losses
 from jaxagent.train import loop
@@ -81,16 +81,18 @@ def step_arrays(trajs: Sequence[types.Trajectory], screens: Sequence[np.ndarray]
     for k, step in enumerate(traj.steps):
       obs.append(step.obs_text)
       nxt.append(next_obs_text(traj, k))
-      image.append(np.concatenate([f[max(k - 1, 0)], f[k]]))
-      next_image.append(np.concatenate([f[k], f[k + 1]]))
+      image.append(f[k])
+      next_image.append(f[k + 1])
       reward.append(r[k])
       ret.append(g[k])
       index.append((i, k))
       final.append(r[-1])
       last.append(len(traj.steps) - 1)
   ret_a = np.asarray(ret, np.float32)
+  stacked, next_stacked = transitions.frame_stack(np.asarray(index, np.int32).reshape(-1, 2),
+                                                  np.asarray(image, np.float32), np.asarray(next_image, np.float32))
   return {"text": bag_of_words(obs, text_dim), "next_text": bag_of_words(nxt, text_dim),
-          "image": np.asarray(image, np.float32), "next_image": np.asarray(next_image, np.float32),
+          "image": stacked, "next_image": next_stacked,
           "reward": np.asarray(reward, np.float32), "mc_return": ret_a, "label": (ret_a > 0).astype(np.float32),
           "index": np.asarray(index, np.int32).reshape(-1, 2), "final_reward": np.asarray(final, np.float32),
           "last_step": np.asarray(last, np.float32)}

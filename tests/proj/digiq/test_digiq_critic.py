@@ -1,4 +1,5 @@
-"""Digi-Q critic: shapes, paper widths, text-field extraction, gradient flow, sharding metadata."""
+"""Digi-Q critic: shapes, paper widths, text-field extraction, gradient flow, sharding metadata; the code's
+frame stacking, trajectory-level validation split and randomly initialised target."""
 
 import jax
 import ml_collections
@@ -8,7 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxagent import sharding
+from jaxagent import sharding, types
+from jaxagent.data import transitions
 from jaxagent.models import critic as C
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import features
@@ -365,7 +367,8 @@ def _critic_config(steps):
   c.train.progress_bar = False
   c.checkpoint.async_save = False
   c.critic = config_lib.stage(steps=steps, batch_size=2, lr=3e-3, warmup_steps=0, end_lr_ratio=1.0)
-  c.critic.update(gamma=0.95, tau=0.1, target_every=1, backup="dataset", advantage_estimation="bellman")
+  c.critic.update(gamma=0.95, tau=0.1, target_every=1, backup="dataset", advantage_estimation="bellman",
+                  target_init="random")
   return stage_config(c, c.critic)
 
 
@@ -388,3 +391,111 @@ def test_critic_trains_on_the_shared_loop_with_a_polyak_target_and_resumes_exact
   resumed = critic_lib.train_critic(_critic_config(300), str(tmp_path / "split"), rows, cfg)
   for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(resumed))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ------------------------------------------- the code's frame stacking, validation split and target init
+
+
+def test_frame_stack_puts_the_previous_rows_screen_first():
+  # rows out of order, and trajectory 1 lacks a row for step 1 (no screenshot): its step 2 starts afresh
+  rows = np.array([[0, 2], [0, 0], [1, 0], [0, 1], [1, 2]])
+  image = np.array([[3.0], [1.0], [7.0], [2.0], [9.0]])  # f_t of each row
+  next_image = np.array([[4.0], [2.0], [8.0], [3.0], [10.0]])  # f_{t+1}
+  s, s_next = transitions.frame_stack(rows, image, next_image)
+  # s = [f_{t-1} ‖ f_t] with f_{-1} := f_0 (`offpolicy_train_loop.py:framestack`); s' = [f_t ‖ f_{t+1}]
+  np.testing.assert_array_equal(s, [[2, 3], [1, 1], [7, 7], [1, 2], [9, 9]])
+  np.testing.assert_array_equal(s_next, [[3, 4], [1, 2], [7, 8], [2, 3], [9, 10]])
+  with pytest.raises(ValueError, match="repeat"):
+    transitions.frame_stack(np.array([[0, 0], [0, 0]]), image[:2], next_image[:2])
+
+
+def _traj(goal, n, success):
+  task = types.Task(id=goal, intent=goal, site="shop", start_url="http://localhost/")
+  steps = [types.Step(step=k, obs_text=f"Previous Actions: Goal: {goal}</s>", action_text=TAP, image_path=f"{k}.png",
+                      candidates=[TAP, TYPE]) for k in range(n)]
+  return types.Trajectory(task, steps, success=success)
+
+
+def _cache(trajs, dim=3, rep_dim=4):
+  rows = [(i, k) for i, t in enumerate(trajs) for k in range(len(t.steps))]
+  screen = lambda i, k: np.full(dim, 10.0 * i + k, np.float32)  # trajectory i's k-th screen
+  return {"rows": np.asarray(rows, np.int32), "image": np.stack([screen(i, k) for i, k in rows]),
+          "next_image": np.stack([screen(i, k + 1) for i, k in rows]),
+          "reps": np.random.default_rng(0).normal(size=(len(rows), 2, rep_dim)).astype(np.float32)}
+
+
+def _recipe_critic(**critic):
+  c = ml_collections.ConfigDict(dict(text_dim=8, learn_metric="regression", text_encoder="bag_of_words",
+                                     point_octaves=0, frame_stack=True))
+  c.update(critic)
+  return ml_collections.ConfigDict(dict(critic=c))
+
+
+def test_transition_rows_stack_frames_and_the_critic_scores_them():
+  trajs = [_traj("a", 3, 1.0), _traj("b", 1, 0.0)]
+  cache = _cache(trajs)
+  cfg = critic_lib.critic_config(_recipe_critic(), cache)
+  assert cfg.image_dim == 6  # two screens of 3
+  rows = critic_lib.transition_arrays(trajs, cache, cfg, 0.95, frame_stack=True)
+  first = lambda x: x[:, [0, 3]]  # one coordinate of each screen
+  np.testing.assert_array_equal(first(rows["image_features"]), [[0, 0], [0, 1], [1, 2], [10, 10]])
+  np.testing.assert_array_equal(first(rows["next_image_features"]), [[0, 1], [1, 2], [2, 3], [10, 11]])
+  model = C.DigiQCritic(cfg, rngs=nnx.Rngs(0))
+  q, v = critic_lib.score_candidates(model, rows)  # scores read the same stacked features
+  assert q.shape == (4, 2, 2) and v.shape == (4, 2)
+  plain = critic_lib.critic_config(_recipe_critic(frame_stack=False), cache)
+  assert plain.image_dim == 3
+  unstacked = critic_lib.transition_arrays(trajs, cache, plain, 0.95, frame_stack=False)
+  np.testing.assert_array_equal(unstacked["image_features"], cache["image"])
+  with pytest.raises(ValueError, match="frame_stack"):
+    critic_lib.transition_arrays(trajs, cache, plain, 0.95, frame_stack=True)
+
+
+def test_held_out_rows_are_whole_trajectories_drawn_by_seed():
+  lengths = [3, 1, 4, 2, 5, 1, 2, 3, 2, 4]
+  rows = np.array([(i, k) for i, n in enumerate(lengths) for k in range(n)])
+  held = critic_lib.held_out_rows(rows, 0.2, seed=7)
+  held_trajs = set(rows[held, 0].tolist())
+  assert len(held_trajs) == 2  # 10 − int(10 · 0.8), as `offpolicy_train_loop.py` splits
+  assert not held_trajs & set(rows[~held, 0].tolist())  # no row of a held-out trajectory trains
+  for i in held_trajs:
+    assert held[rows[:, 0] == i].all()
+  np.testing.assert_array_equal(held, critic_lib.held_out_rows(rows, 0.2, seed=7))  # deterministic per seed
+  draws = {tuple(sorted(set(rows[critic_lib.held_out_rows(rows, 0.2, seed=s), 0].tolist()))) for s in range(8)}
+  assert len(draws) > 1  # the seed picks them
+  assert len(set(rows[critic_lib.held_out_rows(rows, 0.5, seed=7), 0].tolist())) == 5
+  assert not critic_lib.held_out_rows(rows, 0.0, seed=7).any()
+  train = critic_lib.take_rows({"traj": rows[:, 0]}, ~held)
+  assert not set(train["traj"].tolist()) & held_trajs
+  for bad in (1.0, -0.1):
+    with pytest.raises(ValueError, match=r"critic\.val_fraction"):
+      critic_lib.held_out_rows(rows, bad, seed=0)
+  with pytest.raises(ValueError, match="none of the 1 trajectories"):
+    critic_lib.held_out_rows(np.array([[4, 0], [4, 1]]), 0.2, seed=0)
+
+
+def _param_gap(a, b):
+  return max(float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(nnx.state(a, nnx.Param)),
+                                                           jax.tree.leaves(nnx.state(b, nnx.Param))))
+
+
+def test_target_starts_from_its_own_init_or_as_a_copy():
+  cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
+  random_init = critic_lib.CriticWithTarget(cfg, 0, "random")
+  copied = critic_lib.CriticWithTarget(cfg, 0, "copy")
+  assert _param_gap(random_init.target, random_init.online) > 1e-3  # a second critic, as autoui_agent.py builds
+  assert _param_gap(copied.target, copied.online) == 0.0
+  assert _param_gap(random_init.online, copied.online) == 0.0  # the online critic does not depend on the choice
+  with pytest.raises(ValueError, match=r"critic\.target_init"):
+    critic_lib.CriticWithTarget(cfg, 0, "zeros")
+
+
+def test_validation_loss_is_the_training_loss_over_every_held_out_row(model):
+  cfg, rows = model.cfg, _chain_rows(model.cfg)
+  config = _critic_config(1)
+  critic = critic_lib.CriticWithTarget(cfg, 0, "random")
+  whole = critic_lib.critic_loss_fn(config)(critic, {k: jnp.asarray(v) for k, v in rows.items()}, jax.random.key(0))
+  by_one = critic_lib.validation_loss(config, critic, rows, batch=1)  # chunking does not change the mean
+  assert by_one["loss"] == pytest.approx(float(whole[0]), rel=1e-5)
+  assert by_one["q1_loss"] == pytest.approx(float(whole[1]["q1_loss"]), rel=1e-5)
+  assert critic_lib.validation_loss(config, critic, rows)["loss"] == pytest.approx(by_one["loss"], rel=1e-5)
