@@ -67,11 +67,12 @@ def get_config(arg=None):
   c.representation = config_lib.stage(steps=100, batch_size=8, lr=1e-3)
   c.representation.hf_checkpoint = ""  # "" = fine-tune the IL actor's VLM; else a local LLaVA directory
   c.representation.batch = 32  # (state, action) pairs per extraction forward pass
-  # The (s, a) representation: generated (the seeds: the last layer's states averaged over the greedy answer's
-  # tokens, up to max_new_tokens) | prompt_last (the state at the last prompt token, one forward pass;
-  # docs/results/digiq.md#readout).
+  # The (s, a) representation: generated (the seeds' gradio host: the answer sampled at `temperature`, the last
+  # layer's states averaged over its tokens but the last, up to max_new_tokens) | prompt_last (the state at the
+  # last prompt token, one forward pass; docs/results/digiq.md#readout).
   c.representation.readout = "generated"
   c.representation.max_new_tokens = 5
+  c.representation.temperature = 0.2
 
   # Constant-rate Adam with clipping, as the code trains its critic.
   c.critic = config_lib.stage(steps=1500, batch_size=64, lr=1e-3, clip_norm=1.0, warmup_steps=0, end_lr_ratio=1.0)

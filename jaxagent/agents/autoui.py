@@ -211,7 +211,9 @@ ACTIONABLE_COMMAND = "Respond only 'Yes' or 'No' (without period / quotation mar
 
 
 def actionable_prompt(parsed_action: dict[str, Any] | None) -> str:
-  """The representation fine-tuning prompt (§5.2, `construct_sft_data.py:make_prompt`, verbatim)."""
+  """The representation fine-tuning prompt (§5.2, `construct_sft_data.py:make_prompt`, verbatim). Fields are
+  formatted as given: Digi-Q passes the parsed action, whose `touch_point` is the `ast.literal_eval`'d list
+  (`proj.digiq.screens.parse_action`), so the prompt shows Python's str of it, e.g. "[0.165, 0.5]"."""
   head = "<image>\nYou're given a user interface. "
   kind = parsed_action.get("action_type") if parsed_action is not None else None
   if kind == "DUAL_POINT":

@@ -132,9 +132,10 @@ def stage_representation(config, workdir, out):
   init = config.representation.hf_checkpoint or os.path.join(workdir, "il")
   finetune(stage_config(config, config.representation, seed_offset=3), os.path.join(out, "model"), items,
            init_from=init)
-  encoder = represent.Encoder(load_policy(os.path.join(out, "model")), config.representation.batch,
-                              readout=config.representation.readout,
-                              max_new_tokens=config.representation.max_new_tokens)
+  rep = config.representation
+  encoder = represent.Encoder(load_policy(os.path.join(out, "model")), rep.batch, readout=str(rep.readout),
+                              max_new_tokens=int(rep.max_new_tokens), temperature=float(rep.temperature),
+                              seed=int(config.seed))
   cache = represent.extract(encoder, trajs, store)
   np.savez(os.path.join(out, "reps.tmp.npz"), **cache)
   os.replace(os.path.join(out, "reps.tmp.npz"), os.path.join(out, "reps.npz"))

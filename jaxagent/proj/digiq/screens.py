@@ -75,15 +75,36 @@ def click_icon(size: int = SEED_ICON_SIZE) -> Image.Image:
   return img
 
 
+def parse_action(action_text: str) -> dict[str, Any] | None:
+  """Digi-Q's `parsed_action` (`postprocess_data/get_more_actions/generate_more_click_images_batched.py:
+  parse_action`, stored as `parsed_action_list` and read by `construct_sft_data.py:make_prompt` and both
+  extraction paths): the four fields by regex, `touch_point` / `lift_point` replaced by their
+  `ast.literal_eval` value (a 2-element list or tuple, e.g. "[0.1650, 0.5000]" -> [0.165, 0.5]), the others
+  kept as strings. None when a field is missing or a point does not parse to two items."""
+  fields: dict[str, Any] = dict(autoui.digiq_parse_action(action_text))
+  if any(v is None for v in fields.values()):
+    return None
+  for key in ("touch_point", "lift_point"):
+    try:
+      points = ast.literal_eval(fields[key])
+    except Exception:  # pylint: disable=broad-except  # the seeds catch ValueError/SyntaxError (others crash)
+      return None
+    if not isinstance(points, (list, tuple)) or len(points) != 2:
+      return None
+    fields[key] = points
+  return fields
+
+
 def _parse_points(action_text: str, width: int, height: int):
-  """(parsed fields, touch (y, x) px, lift (y, x) px), or None when the points do not parse — `add_cursor`
-  then keeps the screenshot and records `parsed_action = None`."""
-  fields = autoui.digiq_parse_action(action_text)
+  """(parsed fields, touch (y, x) px, lift (y, x) px), or None when the action does not parse (`parse_action`)
+  — `process_image` then keeps the screenshot and records `parsed_action = None`."""
+  fields = parse_action(action_text)
+  if fields is None:
+    return None
   try:
-    touch = ast.literal_eval(fields["touch_point"])
-    lift = ast.literal_eval(fields["lift_point"])
+    touch, lift = fields["touch_point"], fields["lift_point"]
     return fields, (int(touch[0] * height), int(touch[1] * width)), (int(lift[0] * height), int(lift[1] * width))
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # pylint: disable=broad-except  # non-numeric points (the seeds' script would crash)
     return None
 
 
@@ -124,8 +145,11 @@ def overlay_cursor(image: ImageLike, action_text: str, icon_size: int | None = N
 
 
 def representation_prompt(action_text: str) -> str:
-  """The §5.2 question for this action (`autoui.actionable_prompt`); the generic one when its points do not
-  parse, as `add_cursor` then hands `parsed_action = None` to `make_prompt`."""
+  """The §5.2 question for this action (`autoui.actionable_prompt` of `parse_action`); the generic one when
+  the action does not parse, as `make_prompt` then gets `parsed_action = None`.
+
+  The touch point is written as Python prints the parsed value, `str(ast.literal_eval(...))`, as the seeds'
+  f-string does: "[0.1650, 0.5000]" in the action becomes "[0.165, 0.5]" in the prompt."""
   parsed = _parse_points(action_text, 1, 1)
   return autoui.actionable_prompt(parsed[0] if parsed is not None else None)
 

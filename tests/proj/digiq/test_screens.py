@@ -90,6 +90,28 @@ def test_representation_prompts_per_action_type():
   assert "Is this action effective?" in digiq.representation_prompt("not an action")
 
 
+def test_representation_prompt_writes_the_parsed_touch_point_as_python_prints_it():
+  # `generate_more_click_images_batched.py:parse_action` stores `ast.literal_eval` of the touch point, and
+  # `construct_sft_data.py:make_prompt` formats it with an f-string: str([0.165, 0.5]), not the action's text
+  action = _act("DUAL_POINT", "[0.1650, 0.5000]", "[0.1650, 0.5000]")
+  assert digiq.representation_prompt(action) == (
+      "<image>\nYou're given a user interface. There is a cursor in the screen. The touch point is located at "
+      "[0.165, 0.5] Is this cursor Clicking on any interactive elements?\nRespond only 'Yes' or 'No' (without "
+      "period / quotation marks) and don't respond anything else.")
+  assert digiq.parse_action(action) == {"action_type": "DUAL_POINT", "touch_point": [0.165, 0.5],
+                                        "lift_point": [0.165, 0.5], "typed_text": ""}
+  swipe = digiq.representation_prompt(_act("DUAL_POINT", "[0.8000, 0.5]", "[0.2, 0.5000]"))
+  assert "located at [0.8, 0.5] Is this cursor" in swipe  # every DUAL_POINT gets the cursor question
+  assert "located at (1, 0.25) Is" in digiq.representation_prompt(_act("DUAL_POINT", "(1, 0.250)", "(1, 0.25)"))
+  # the seeds' parse_action gives None (-> the generic question, no cursor) for a missing field or a point that
+  # is not two items
+  no_text = TAP.replace(', "typed_text": ""', "")
+  for bad in (no_text, _act("DUAL_POINT", "[0.5, 0.25, 0.1]", "[0.5, 0.25, 0.1]"), _act("DUAL_POINT", "0.5", "0.5")):
+    assert digiq.parse_action(bad) is None
+    assert "Is this action effective?" in digiq.representation_prompt(bad)
+    assert digiq.tap_pixel(bad, 200, 400) is None
+
+
 def test_representation_sample_format_and_errors():
   s = digiq.representation_sample("ep-0", "images/ep-0.png", digiq.representation_prompt(TAP), "Yes")
   assert s["id"] == "ep-0" and s["images"] == ["images/ep-0.png"]
