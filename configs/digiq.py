@@ -3,13 +3,14 @@ representation fine-tuning → critic → Best-of-N actor → evaluation.
 
   python -m jaxagent.main --config=configs/digiq.py --workdir=/tmp/digiq
 
-The bare file is the embedded default (a laptop CPU, no download): the phone-profile `shop_category_sort` tasks
-of the bundled sites, a tiny VLM trained from scratch, N = 4 candidates per state. Its 24 (category, sort) pairs
-fall in three parts, each category once in each: the scripted expert demonstrates `train_a`, the IL actor's judged
-attempts at `train_b` are the offline data (pairs it never saw demonstrated), and the evaluation's episodes are
-the `test` pairs, whose intents are in neither. Behaviour, IL, Filtered BC and Digi-Q are evaluated on them at the
-same temperature; `--seeds=0,1,2` repeats the whole run per global seed for the protocol's headline. Figures and
-each departure from the original code: docs/results/digiq.md.
+The bare file is the embedded default (a laptop CPU, no download): the phone-profile `shop_category_order` tasks
+of the bundled sites (open Shop, accept cookies, tap a category, tap one of four orders), a tiny VLM trained from
+scratch, N = 4 candidates per state. Its 32 (category, order) pairs fall in a Latin square: the scripted expert
+demonstrates part `train_a` (each category with two orders, so the order must be read from the intent), the IL
+actor's judged attempts at part `train_b` (one more pairing per category, never demonstrated) are the offline data,
+and the evaluation's episodes are the `test` pairs, whose intents are in neither. Behaviour, IL, Filtered BC and
+Digi-Q are evaluated on them; `--seeds=0,1,2` repeats the whole run per global seed for the protocol's headline.
+Figures and each departure from the original code: docs/results/digiq.md.
 
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
@@ -43,7 +44,7 @@ def get_config(arg=None):
 
   c.tasks = ml_collections.ConfigDict()
   c.tasks.seed = 0  # the bundled sites' world and suites
-  c.tasks.templates = "shop_category_sort"  # "" = every device family
+  c.tasks.templates = "shop_category_order"  # "" = every device family
   c.tasks.max_steps = 8  # per episode (AitW general: 10)
 
   c.env = config_lib.env_block(workers=2)

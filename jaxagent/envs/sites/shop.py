@@ -13,7 +13,7 @@ from jaxagent.envs.sites import catalog
 from jaxagent.envs.sites.layout import Ctx, Redirect, esc, int_arg, page, pager, table
 
 SORTS = {"relevance": "Relevance", "price_asc": "Price: low to high", "price_desc": "Price: high to low",
-         "rating": "Customer rating"}
+         "rating": "Customer rating", "reviews": "Most reviews"}
 PER_PAGE = 12
 
 
@@ -28,6 +28,8 @@ def _sorted(products: list[catalog.Product], sort: str) -> list[catalog.Product]
     return sorted(products, key=lambda p: (-p.price_cents, p.id))
   if sort == "rating":
     return sorted(products, key=lambda p: (-p.rating, p.id))
+  if sort == "reviews":
+    return sorted(products, key=lambda p: (-p.reviews, p.id))
   return products
 
 

@@ -42,6 +42,7 @@ STREETS = ("Maple Street", "Harbour Road", "Station Lane", "Mill Way", "Orchard 
 MESSAGES = ("Thanks for sharing this!", "Great write-up and very helpful.", "I had the same problem last year.",
             "Could you post an update later?", "This matches my experience.", "Bookmarking this for later.")
 SORT_KEYS = ("price_asc", "price_desc", "rating")
+ORDER_KEYS = SORT_KEYS + ("reviews",)  # shop_category_order: four orders, so a category can be shown in three
 MAX_STEPS = {"web": 15, "text": 15, "device": 20}  # WebVoyager's 15 (§1.2); AitW Web Shopping's 20 (§4.1)
 
 
@@ -56,9 +57,17 @@ def _pair_split(i: int, j: int) -> str:
 
 
 def _pair_part(i: int, j: int) -> str:
-  """The train pairs' two parts: each category once in each (with a different sort), each sort in both; a recipe
-  can demonstrate one part and collect offline data on the other, the test pairs held out of both."""
+  """shop_category_sort's train pairs in two parts: each category once in each (with a different sort), each
+  sort in both."""
   return "a" if (i + j) % 3 == 1 else "b"
+
+
+def _order_split(i: int, j: int) -> str:
+  """shop_category_order's (category i, order j) pairs in a 4-fold Latin square: one pairing per category in
+  test, one in the train part "b", two in "a", every order in each; a recipe can demonstrate part a (where each
+  category comes with two orders, so the order must be read from the intent), collect offline data on part b and
+  evaluate on test, whose intents are in neither."""
+  return {0: "test", 1: "b"}.get((i + j) % 4, "a")
 
 
 def _site_url(site: str) -> str:
@@ -139,6 +148,16 @@ def shop_category_sort(w, rng, entity):
   label = {"price_asc": "price from low to high", "price_desc": "price from high to low",
            "rating": "customer rating"}[sort]
   return (f"On Shoply, show the {cat} category sorted by {label}.",
+          {"kind": "url_match", "url": f"/shop/c/{cat}?sort={sort}"},
+          [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
+           click(f"a[href*='sort={sort}']", shop.SORTS[sort]), STOP], "shop")
+
+
+def shop_category_order(w, rng, entity):
+  cat, sort = entity
+  label = {"price_asc": "lowest price first", "price_desc": "highest price first", "rating": "best rated first",
+           "reviews": "most reviewed first"}[sort]
+  return (f"On Shoply, list the {cat} category with the {label}.",
           {"kind": "url_match", "url": f"/shop/c/{cat}?sort={sort}"},
           [ACCEPT_COOKIES, click(f"nav.cats a[href$='/shop/c/{cat}']", cat.title()),
            click(f"a[href*='sort={sort}']", shop.SORTS[sort]), STOP], "shop")
@@ -235,12 +254,15 @@ def _entities(world: catalog.World) -> dict[str, tuple[Template, list[tuple[Any,
   threads = [(t, _split_of(t.id)) for t in world.threads]
   cats = sorted(catalog.CATEGORIES)
   sorts = [((c, s), _pair_split(i, j)) for i, c in enumerate(cats) for j, s in enumerate(SORT_KEYS)]
+  orders = [((c, s), "test" if _order_split(i, j) == "test" else "train") for i, c in enumerate(cats)
+            for j, s in enumerate(ORDER_KEYS)]
   brand_cats = [((c, b), _split_of(catalog.BRANDS.index(b) + 1)) for c in cats for b in sorted(
       {p.brand for p in world.products if p.category == c})]
   settings = [(k, "test" if k in TEST_SETTINGS else "train") for k in phone.SETTING_LABELS]
   return {
       "shop_price": (shop_price, products), "shop_reviews": (shop_reviews, products),
-      "shop_category_sort": (shop_category_sort, sorts), "shop_brand_filter": (shop_brand_filter, brand_cats),
+      "shop_category_sort": (shop_category_sort, sorts), "shop_category_order": (shop_category_order, orders),
+      "shop_brand_filter": (shop_brand_filter, brand_cats),
       "shop_add_to_cart": (shop_add_to_cart, products), "shop_buy": (shop_buy, products),
       "shop_cheapest": (shop_cheapest, [(e, "test") for e, _ in brand_cats]),
       "forum_author": (forum_author, threads), "forum_replies": (forum_replies, threads),
@@ -250,7 +272,8 @@ def _entities(world: catalog.World) -> dict[str, tuple[Template, list[tuple[Any,
 
 
 # How many tasks of each template a split gets per profile (capped by the entities available).
-MIX = {"shop_price": 170, "shop_reviews": 120, "shop_category_sort": 32, "shop_brand_filter": 90,
+MIX = {"shop_price": 170, "shop_reviews": 120, "shop_category_sort": 32, "shop_category_order": 32,
+       "shop_brand_filter": 90,
        "shop_add_to_cart": 170, "shop_buy": 150, "shop_cheapest": 60, "forum_author": 120, "forum_replies": 90,
        "forum_location": 90, "forum_profile": 90, "forum_reply": 120, "settings_toggle": 5}
 TEST_FRACTION = 0.25
@@ -276,6 +299,9 @@ def _part(template: str, entity, k: int) -> str:
   if template == "shop_category_sort":
     cat, sort = entity
     return _pair_part(sorted(catalog.CATEGORIES).index(cat), SORT_KEYS.index(sort))
+  if template == "shop_category_order":
+    cat, sort = entity
+    return _order_split(sorted(catalog.CATEGORIES).index(cat), ORDER_KEYS.index(sort))
   return "a" if k % 2 == 0 else "b"
 
 

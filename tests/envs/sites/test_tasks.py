@@ -57,6 +57,25 @@ def test_category_sort_train_parts_each_hold_every_category_once(suite):
   assert other.count("a") - other.count("b") in (0, 1)  # other families: alternate halves
 
 
+def test_category_order_latin_square_demonstrates_two_orders_per_category(suite):
+  """shop_category_order: part a shows each category with two orders (the order must be read from the intent),
+  part b and test one more each; every order in every part; no intent in two parts."""
+  pair = lambda t: re.search(r"/shop/c/(\w+)\?sort=(\w+)", t.evaluator["url"]).groups()
+  tasks_of = lambda split: [t for t in suite[split] if t.profile == "device" and t.template == "shop_category_order"]
+  parts = {p: [pair(t) for t in tasks_of("train") if t.meta["part"] == p] for p in ("a", "b")}
+  parts["test"] = [pair(t) for t in tasks_of("test")]
+  cats = sorted(catalog.CATEGORIES)
+  assert sorted(c for c, _ in parts["a"]) == sorted(cats * 2)
+  for p in ("b", "test"):
+    assert sorted(c for c, _ in parts[p]) == cats
+  for p in parts:
+    assert {s for _, s in parts[p]} == set(tasks.ORDER_KEYS)
+  assert len(set(parts["a"]) | set(parts["b"]) | set(parts["test"])) == len(cats) * len(tasks.ORDER_KEYS)
+  intents = [{t.intent for t in tasks_of("train") if t.meta["part"] == p} for p in ("a", "b")]
+  intents.append({t.intent for t in tasks_of("test")})
+  assert not intents[0] & intents[1] and not (intents[0] | intents[1]) & intents[2]
+
+
 def test_generation_is_deterministic_and_ids_unique(suite):
   again = tasks.generate(seed=0)
   assert [t.to_json() for t in again["test"]] == [t.to_json() for t in suite["test"]]
