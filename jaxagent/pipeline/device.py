@@ -181,11 +181,26 @@ def demo_samples(workdir: str) -> list[dict]:
   return step_samples(trajs, store, os.path.join(workdir, "il", "images"))
 
 
+def finetune_with_demos(stage_cfg, workdir: str, out: str, items: list[dict], il_weight: float, init_from: str,
+                        loss) -> int:
+  """An actor trained from `init_from` on `items` plus the demonstrations at weight `il_weight` (none at 0), as
+  both device recipes keep the demonstrations in their actors' mix; returns how many demonstration samples
+  joined."""
+  demos = [dict(it, weight=float(il_weight)) for it in demo_samples(workdir)] if il_weight > 0 else []
+  finetune(stage_cfg, out, items + demos, init_from=init_from, loss=loss)
+  return len(demos)
+
+
+def demo_tasks(config, workdir: str) -> list[types.Task]:
+  """The demonstration episodes: `config.demos.episodes` drawn from the `config.demos.split` suite with the
+  run's seed."""
+  return draw_episodes(suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed), "demo")
+
+
 def stage_il(config, workdir: str, out: str, gamma: float) -> dict:
-  """`config.demos.episodes` scripted-expert demonstrations of the `config.demos.split` tasks, then the VLM
-  trained on their successful steps with the `config.il` stage block."""
-  demo_tasks = draw_episodes(suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed), "demo")
-  trajs = rollout(config, env_spec(config, expert=True), ScriptedExpert("autoui"), demo_tasks,
+  """The scripted expert's `demo_tasks`, then the VLM trained on their successful steps with the `config.il`
+  stage block."""
+  trajs = rollout(config, env_spec(config, expert=True), ScriptedExpert("autoui"), demo_tasks(config, workdir),
                   os.path.join(out, "demos"), "scripted_expert:autoui", gamma=gamma)
   items = demo_samples(workdir)
   if not items:

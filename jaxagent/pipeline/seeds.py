@@ -67,13 +67,13 @@ def table(combined: dict) -> str:
 
 def run_seeds(run: Callable[[Any, str], dict], config, workdir: str, seeds: Sequence[int],
               write_config: Callable[[Any, str], None]) -> dict:
-  """`run(config_k, workdir_k)` for every seed k, then their results combined into `<workdir>/results.json`."""
+  """`run(config_k, workdir_k)` for every seed k (after `write_config(config_k, workdir_k)`, which makes the
+  directory), then their results combined into `<workdir>/results.json`."""
   per_seed = {}
   for seed in seeds:
     cfg = copy.deepcopy(config)
     cfg.seed = int(seed)
     out = seed_workdir(workdir, seed)
-    os.makedirs(out, exist_ok=True)
     write_config(cfg, out)
     print(f"\n=== seed {seed} → {out}")
     per_seed[int(seed)] = run(cfg, out)

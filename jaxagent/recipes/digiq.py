@@ -192,12 +192,7 @@ def stage_actor(config, workdir, out):
     return summary
   items = device.state_samples(store, trajs, picks, os.path.join(out, "images"))
   summary["trained_on"] = len(items)
-  if float(config.actor.il_weight) > 0:
-    demos = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
-    items += demos
-    summary["il_samples"] = len(demos)
-  loss = sequence_nll(AUTOUI_PROB_CLAMP) if every_state else weighted_token_nll
-  finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"), loss=loss)
+  summary["il_samples"] = _train_from_il(config, workdir, out, items)
   return summary
 
 
@@ -207,14 +202,15 @@ def stage_filtered_bc(config, workdir, out):
   which (state, action) pairs they imitate."""
   store, trajs = _store(workdir, "behaviour", "store")
   items = data.filtered_bc_samples(store, trajs, os.path.join(out, "images"))
-  summary = {"filtered_bc_samples": len(items)}
-  if float(config.actor.il_weight) > 0:
-    demos = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
-    items += demos
-    summary["il_samples"] = len(demos)
+  return {"filtered_bc_samples": len(items), "il_samples": _train_from_il(config, workdir, out, items)}
+
+
+def _train_from_il(config, workdir, out, items) -> int:
+  """The actor stage's training from the IL actor (stage block, loss by `actor.normalize`, demonstrations at
+  `actor.il_weight`), shared by Best-of-N and Filtered BC; returns the demonstration samples added."""
   loss = sequence_nll(AUTOUI_PROB_CLAMP) if config.actor.normalize == "all_states" else weighted_token_nll
-  finetune(actor_config(config), out, items, init_from=os.path.join(workdir, "il"), loss=loss)
-  return summary
+  return device.finetune_with_demos(actor_config(config), workdir, out, items, float(config.actor.il_weight),
+                                    os.path.join(workdir, "il"), loss)
 
 
 def test_episodes(config, workdir):
@@ -270,9 +266,7 @@ def stage_eval(config, workdir, out):
 def training_intents(config, workdir) -> set[str]:
   """Every intent the run trained on: the demonstrations' and the behaviour data's (candidates, representation,
   critic, actor and Filtered BC all read the behaviour episodes)."""
-  intents = {t.intent for t in draw_episodes(_suite(workdir, config.demos.split), int(config.demos.episodes),
-                                             int(config.seed), "demo")}
-  return intents | {t.intent for t in behaviour_episodes(config, workdir)}
+  return {t.intent for t in device.demo_tasks(config, workdir) + behaviour_episodes(config, workdir)}
 
 
 def held_out(config, workdir) -> bool:

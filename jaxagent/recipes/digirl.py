@@ -31,7 +31,6 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
 from jaxagent.pipeline import device, rollout
 from jaxagent.pipeline.config import stage_config
-from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.stages import Stages, read_json, write_json
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digirl import critics
@@ -228,10 +227,9 @@ def train_actor(config, workdir: str, block, data: Data, picks, out: str, init_f
   items = data.samples(picks, os.path.join(out, "images"))
   if not items:
     return {"note": f"no step passed the filter; the actor equals {init_from}"}
-  if float(config.actor.il_weight) > 0:
-    items += [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(workdir)]
-  finetune(stage_config(config, block, seed_offset=seed_offset), out, items, init_from=init_from, loss=loss)
-  return {"trained_on": len(items)}
+  demos = device.finetune_with_demos(stage_config(config, block, seed_offset=seed_offset), workdir, out, items,
+                                     float(config.actor.il_weight), init_from, loss)
+  return {"trained_on": len(items) + demos}
 
 
 def actor_dir(workdir: str, stage: str) -> str:
