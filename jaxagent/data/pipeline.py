@@ -16,6 +16,10 @@ import numpy as np
 
 from jaxagent.data import conversation
 
+# Per-sample scalars a sample may carry into its batch: a loss weight (weighted regression), and WebRL's
+# advantage and reference log-probability (`train.losses.webrl_actor_loss`).
+SCALAR_FIELDS = ("weight", "advantage", "ref_logp")
+
 
 def load_images(paths: list[str], preprocess) -> np.ndarray:
   """Images from disk through the vision tower's preprocessing (`models.vit.ImagePreprocessing`)."""
@@ -53,8 +57,9 @@ class EncodeSample:
       images[:n_images] = load_images(item["images"][:n_images], self.preprocess)
       out["images"] = images
       out["image_mask"] = np.arange(self.max_images) < n_images
-    if "weight" in item:  # a per-sample loss weight (weighted regression); absent: plain SFT
-      out["weight"] = np.float32(item["weight"])
+    for key in SCALAR_FIELDS:  # absent: plain SFT
+      if key in item:
+        out[key] = np.float32(item[key])
     return out
 
 

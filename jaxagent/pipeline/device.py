@@ -25,7 +25,6 @@ from jaxagent import types
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.data.tokenizer import IMAGE_TOKEN
-from jaxagent.envs import sites
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import rollout as rollout_lib
@@ -33,7 +32,8 @@ from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_vlm_policy
 from jaxagent.pipeline.stages import save_png
-from jaxagent.pipeline.tasks import draw_episodes, errored_count, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline import tasks as tasks_lib
+from jaxagent.pipeline.tasks import draw_episodes, errored_count, read_tasks, success_rate
 
 FORMAT = autoui.AutoUI()
 FAITHFUL = autoui.AutoUI(faithful_task_impossible=True)
@@ -72,12 +72,8 @@ def env_spec(config, expert: bool = False) -> dict:
 
 
 def stage_tasks(config, out: str) -> dict:
-  """The phone-profile (AitW action space) suites of `config.tasks.templates`, one JSON task a line per split,
-  and the train split's two parts (`train_a`, `train_b`: `Task.meta["part"]`), which share no intent."""
-  suites = sites.select(config.tasks.seed, "device", config.tasks.templates, config.tasks.max_steps)
-  for part in ("a", "b"):
-    suites[f"train_{part}"] = [t for t in suites["train"] if t.meta.get("part") == part]
-  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
+  """The phone-profile (AitW action space) suites (`pipeline.tasks.stage_tasks`)."""
+  return tasks_lib.stage_tasks(config, out, "device")
 
 
 def suite(workdir: str, split: str) -> list[types.Task]:

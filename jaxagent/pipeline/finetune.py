@@ -45,6 +45,17 @@ def _preview(tokenizer, arrays: dict) -> str:
   return "".join(out)
 
 
+def _scalars(item: dict, present: set[str]) -> dict:
+  """The per-sample scalars (`pipeline.SCALAR_FIELDS`) a batch carries: one batch structure, so a field some
+  sample has (`present`) is given to every sample (a weight defaults to 1; the others must be on all)."""
+  out = {}
+  for key in present:
+    if key not in item and key != "weight":
+      raise ValueError(f"sample {item.get('id')!r} has no {key!r} while other samples have one")
+    out[key] = float(item.get(key, 1.0))
+  return out
+
+
 def finetune(config, workdir: str, items: list[dict], *, init_from: str | None = None,
              loss: LossFn = weighted_token_nll, pad_to: int = 32, truncate: bool = False) -> str:
   """Trains `config.model` on `items` (conversation samples, each with an optional `weight`) for
@@ -65,8 +76,8 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
     write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   if not items:
     raise ValueError(f"finetune {workdir}: no training samples")
-  weighted = any("weight" in x for x in items)  # one batch structure: every sample weighted, or none
-  items = [conversation.validate(x) | ({"weight": float(x.get("weight", 1.0))} if weighted else {}) for x in items]
+  present = {key for key in pipeline.SCALAR_FIELDS if any(key in x for x in items)}
+  items = [conversation.validate(x) | _scalars(x, present) for x in items]
   built = models.build(config, tokenizer)
   longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens, built.image_wrap_id)[0]) for it in items)
   if longest > config.data.seq_len + 1 and not truncate:

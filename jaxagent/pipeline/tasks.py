@@ -62,6 +62,17 @@ def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: i
   return out
 
 
+def stage_tasks(config, out: str, profile: str) -> dict:
+  """A recipe's `tasks` stage: the bundled sites' `profile` suites of `config.tasks.templates` (seed
+  `config.tasks.seed`, episodes capped at `config.tasks.max_steps`), one JSON task a line per split, and the
+  train split's two parts (`train_a`, `train_b`: `Task.meta["part"]`), which share no intent."""
+  from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top  # the sites load only where used
+  suites = sites.select(config.tasks.seed, profile, config.tasks.templates, config.tasks.max_steps)
+  for part in ("a", "b"):
+    suites[f"train_{part}"] = [t for t in suites["train"] if t.meta.get("part") == part]
+  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
+
+
 def success_rate(trajs: Sequence[types.Trajectory]) -> float:
   """The fraction of the episodes that ran (not `errored`: the browser crashed on every retry) judged a success
   (`success == 1.0`); 0 for none. Errored episodes are neither successes nor failures (`errored_count`)."""

@@ -13,6 +13,7 @@ RECIPES: dict[str, str] = {
     "openwebvoyager": "jaxagent.recipes.openwebvoyager",
     "digiq": "jaxagent.recipes.digiq",
     "digirl": "jaxagent.recipes.digirl",
+    "webrl": "jaxagent.recipes.webrl",
 }
 
 

@@ -340,11 +340,19 @@ def webrl_actor_loss_code(logp_tok: jax.Array, ref_logp_tok: jax.Array, mask: ja
 
   `adv` is the clamped advantage of `webrl_advantage_code`. Returns (loss, diagnostics).
   """
+  return webrl_actor_loss_code_seq(logp_tok, mask, _masked_sum(ref_logp_tok, mask), adv, add_sft_loss)
+
+
+def webrl_actor_loss_code_seq(logp_tok: jax.Array, mask: jax.Array, ref_logp: jax.Array, adv: jax.Array,
+                              add_sft_loss: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`webrl_actor_loss_code` with the reference policy's summed log-probability `ref_logp` [B] = Σ_t m log π_ref
+  given per sample (the only form of π_ref the loss reads), so a trainer can score the reference once, before
+  training, instead of running it beside the actor."""
   mask = jnp.asarray(mask, jnp.float32)
   adv_hat = jnp.where(_sg(adv) >= 0, 1.0, -0.6)
   n_tok = jnp.sum(mask, axis=-1)
   lp = _masked_sum(logp_tok, mask)
-  lp_ref = _sg(_masked_sum(ref_logp_tok, mask))
+  lp_ref = _sg(jnp.asarray(ref_logp, jnp.float32))
   p_ref = jnp.exp(lp_ref / n_tok)
   beta0 = jnp.where(((adv_hat >= 0) & (p_ref >= 0.8)) | ((adv_hat < 0) & (p_ref < 0.9)), 5.0, 1.0)
   sample_mask = (adv_hat > 0).astype(jnp.float32)

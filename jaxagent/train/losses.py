@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxagent.rl.losses import bc_nll
+from jaxagent.rl.losses import bc_nll, webrl_actor_loss_code_seq
+from jaxagent.rl import losses as rl_losses
 
 
 def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, mask: jnp.ndarray):
@@ -82,6 +83,42 @@ def sequence_nll(clamp_prob: tuple[float, float] | None = None):
     mask = batch["loss_mask"].astype(jnp.float32)
     loss = bc_nll(tok, mask, batch.get("weight"), clamp_prob=clamp_prob, normalize="sequence")
     count = mask.sum()
+    return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
+
+  return loss_fn
+
+
+def webrl_actor_loss(add_sft_loss: bool = False):
+  """WebRL's KL-constrained actor loss as the code runs it (`rl.losses.webrl_actor_loss_code`, §3.8;
+  `webrl/algorithms/webrl/trainer.py:actor_loss`) on batches whose samples carry their clamped `advantage` and
+  the reference policy's summed log-probability of the action `ref_logp` (scored before training)."""
+  def loss_fn(model, batch: dict, rng=None):
+    del rng
+    logits = _logits(model, batch)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    loss, aux = webrl_actor_loss_code_seq(tok, mask, batch["ref_logp"], batch["advantage"], add_sft_loss)
+    count = mask.sum()
+    return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count),
+                  "trained_fraction": jnp.mean(aux["mask"]), "mean_beta": jnp.mean(aux["beta"]),
+                  "mean_log_ratio": jnp.mean(aux["log_ratio"])}
+
+  return loss_fn
+
+
+def webrl_actor_loss_paper(beta: float):
+  """The paper's KL-constrained regression (β log π_θ(a|s)/π_ref(a|s) − A)² (`rl.losses.webrl_actor_loss_paper`,
+  §3.8) on batches carrying `advantage` and `ref_logp`, sequence log-probabilities summed over the reply."""
+  def loss_fn(model, batch: dict, rng=None):
+    del rng
+    logits = _logits(model, batch)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    lp = jnp.sum(jnp.where(mask > 0, tok, 0.0), -1)
+    count = mask.sum()
+    loss = rl_losses.webrl_actor_loss_paper(beta, lp, batch["ref_logp"], batch["advantage"])
     return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
 
   return loss_fn

@@ -1,0 +1,103 @@
+"""WebRL end to end (`reference/algorithms.md` §3): tasks → SFT → ORM → phases of (curriculum → rollouts → ORM
+labels → critic → actor) → evaluation on held-out tasks.
+
+  python -m jaxagent.main --config=configs/webrl.py --workdir=/tmp/webrl
+
+The bare file is the embedded default (a laptop CPU, no download): the bundled sites' desktop window with WebRL's
+simplified-HTML observation (`text` profile, no screenshots), the `shop_category_order` tasks (24 (category,
+order) pairs in train, 8 held-out pairs in test), a tiny text decoder trained from scratch on the scripted
+expert's WebRL-format demonstrations (the stand-in for the SFT Llama-3.1-8B), an ORM and a critic on its trunk,
+and two phases. Every training episode (demonstrations, ORM data, curriculum rollouts) is a train task; the
+evaluation's are the test tasks. Figures and departures: docs/results/webrl.md.
+
+Keys a researcher changes first:
+  phases            how many curriculum → rollouts → critic → actor phases
+  curriculum.tasks  new tasks per phase (the original keeps 500)
+  actor.loss        code (the code's clipped log-ratio regression, §3.8) | paper ((β log π/π_ref − A)²) | sft
+  html              full (the original's simplified HTML) | compact (without data-bbox and session prefixes)
+  reward            orm (the recipe's reward, as in WebRL) | judge (the programmatic verdict: an oracle ablation)
+
+Variants (`configs/webrl.py:<name>`):
+  smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
+  smollm  SmolLM2-135M-Instruct (real pretrained weights, offline) as the policy, ORM and critic trunk.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from jaxagent import config_lib
+
+VARIANTS = ("smoke", "smollm")
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, variant="")
+  c = config_lib.base_config(staged=True)
+  c.recipe = "webrl"
+  c.html = "compact"  # full | compact
+  c.reward = "orm"  # orm | judge
+
+  c.model = config_lib.vlm_model()
+  c.model.kind = "decoder"
+  c.data = ml_collections.ConfigDict()
+  c.data.tokenizer = ""  # "" = the embedded byte-level BPE (or the HF checkpoint's own)
+  c.data.seq_len = 6144  # the longest prompt + reply of the default's pages, in the embedded tokenizer
+  c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
+  c.data.max_images = 0
+  c.data.num_threads = 2
+
+  c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6))
+  c.env = config_lib.env_block(workers=2)
+  c.sampling = ml_collections.ConfigDict(dict(max_tokens=64, max_batch=16))
+  c.scoring = ml_collections.ConfigDict(dict(batch=4))  # rows per forward pass when scoring samples
+
+  # SFT: the scripted expert's demonstrations in WebRL's format (the original's web_policy_sft).
+  c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b
+  c.sft = config_lib.stage(steps=300, batch_size=4, lr=3e-3)
+
+  # ORM: trained on the SFT actor's programmatically judged rollouts on train tasks (and the demonstrations),
+  # `val_fraction` of the episodes held out to report its agreement with the judge.
+  c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, val_fraction=0.25))
+  c.orm.update(config_lib.stage(steps=150, batch_size=4, lr=1e-3))
+
+  c.phases = 2
+  c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
+  c.rollout = ml_collections.ConfigDict(dict(temperature=1.0))
+  c.critic = config_lib.stage(steps=200, batch_size=32, lr=1e-3, warmup_steps=0, end_lr_ratio=1.0)
+  c.actor = config_lib.stage(steps=100, batch_size=4, lr=3e-4)
+  c.actor.loss = "code"  # code | paper | sft
+  c.actor.beta = 0.5  # the paper's β (actor.loss=paper)
+  c.actor.add_sft_loss = False  # the code's add_sft_loss term (off in its configs)
+  c.replay = ml_collections.ConfigDict(dict(low=0.5, high=0.95, cap=2))
+
+  c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.0, seed=1))  # VAB evaluates at T 0
+
+  c.checkpoint.every = 100
+  c.checkpoint.async_save = False  # the next stage reloads each checkpoint at once
+
+  if arg.variant == "smoke":
+    c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
+    c.tasks.max_steps = 3
+    c.sampling.max_tokens = 16
+    c.demos.episodes = 2
+    c.sft.train.update(steps=3, batch_size=2)
+    c.orm.update(episodes=3)
+    c.orm.train.update(steps=2, batch_size=2)
+    c.phases = 1
+    c.curriculum.tasks = 2
+    c.critic.train.update(steps=3, batch_size=4)
+    c.actor.train.update(steps=2, batch_size=2)
+    c.eval.episodes = 2
+    c.train.progress_bar = False
+    c.checkpoint.every = 2
+  elif arg.variant == "smollm":
+    c.model.hf_checkpoint = "smollm2"
+    c.data.seq_len = 4096
+    c.sft.update(config_lib.stage(steps=200, batch_size=2, lr=5e-5))
+    c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))
+    c.actor.update(config_lib.stage(steps=60, batch_size=2, lr=1e-5))
+    c.scoring.batch = 1
+  elif arg.variant:
+    raise ValueError(f"configs/webrl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
+  return c

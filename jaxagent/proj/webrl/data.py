@@ -1,0 +1,55 @@
+"""WebRL's training rows from stored trajectories (`scripts/process_data.py:build_policy_data`, §3.5).
+
+A step's state is its prompt (`obs_text`: the WebRL prompt it was acting on), its action the raw reply, its next
+state the next step's prompt (the last step's is its own); its reward the trajectory's score repeated on every
+step, and its Monte Carlo return `add_mc_return`'s Σ_k γ^(k−t) r with γ = 0.9, so G_t > 0 iff the trajectory
+succeeded.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxagent import types
+
+GAMMA = 0.9  # process_data.py: add_mc_return(t, gamma=0.9)
+
+
+def sample(sample_id: str, prompt: str, reply: str, **scalars: float) -> dict:
+  """A text training sample: the prompt as the human turn, the reply as the assistant's."""
+  return {"id": sample_id, "images": [], "conversations": [{"from": "human", "value": prompt},
+                                                           {"from": "gpt", "value": reply}], **scalars}
+
+
+def mc_returns(n: int, reward: float, gamma: float = GAMMA) -> np.ndarray:
+  """G_t = Σ_{k ≥ t} γ^(k−t) r for the reward r repeated on each of n steps (`add_mc_return`)."""
+  return (reward * (1.0 - gamma ** np.arange(n, 0, -1, dtype=np.float64)) / (1.0 - gamma)).astype(np.float32)
+
+
+def usable(traj: types.Trajectory) -> bool:
+  """A trajectory the learners read: it ran, and every step has a prompt and a reply."""
+  return traj.status != "errored" and bool(traj.steps) and all(s.obs_text and s.action_text for s in traj.steps)
+
+
+def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma: float = GAMMA) -> dict:
+  """One row per step: `state` and `next_state` prompts, `action`, `reward`, `mc_return`, `task` (the intent)
+  and `index` (trajectory, step)."""
+  rows = {k: [] for k in ("state", "next_state", "action", "reward", "mc_return", "task", "index")}
+  for i, (traj, r) in enumerate(zip(trajs, rewards)):
+    steps = traj.steps
+    g = mc_returns(len(steps), float(r), gamma)
+    for k, step in enumerate(steps):
+      rows["state"].append(step.obs_text)
+      rows["next_state"].append(steps[k + 1].obs_text if k + 1 < len(steps) else step.obs_text)
+      rows["action"].append(step.action_text)
+      rows["reward"].append(float(r))
+      rows["mc_return"].append(float(g[k]))
+      rows["task"].append(traj.task.intent)
+      rows["index"].append((i, k))
+  out = {k: v for k, v in rows.items()}
+  for k in ("reward", "mc_return"):
+    out[k] = np.asarray(out[k], np.float32)
+  out["index"] = np.asarray(out["index"], np.int32).reshape(-1, 2)
+  return out

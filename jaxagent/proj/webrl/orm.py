@@ -1,0 +1,72 @@
+"""WebRL's outcome reward model (§3.6): a language model asked whether an episode succeeded, answering YES or NO.
+
+Input (`scripts/process_data.py:rm_format`): the intent, every reply of the episode (newlines as "; "), and
+the HTML the agent saw before its last action, under the system prompt `agents.webrl.ORM_SYSTEM_PROMPT`; the
+system prompt and the user text form the one human turn of a sample rendered with the model's chat template
+(the original writes Llama-3's headers around them). Score: p = softmax(logit[YES], logit[NO])[YES] at the first
+reply token where the two answers differ; the label is 1[p ≥ 0.5]. It is trained, as the seeds' Llama-3.1-8B ORM, as a YES/NO generator
+(the reply's token NLL) on programmatically judged episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxagent import types
+from jaxagent.agents import webrl as fmt
+from jaxagent.pipeline import scoring
+from jaxagent.proj.webrl import data
+
+ANSWERS = ("YES", "NO")
+
+
+def orm_text(traj: types.Trajectory) -> str:
+  """The ORM's question about one episode (system prompt, then `rm_format`'s user text)."""
+  last = traj.steps[-1].obs_text if traj.steps else ""
+  user = fmt.orm_user_content(traj.task.intent, [s.action_text for s in traj.steps], fmt.current_html(last))
+  return f"{fmt.ORM_SYSTEM_PROMPT}\n\n{user}"
+
+
+def orm_sample(traj: types.Trajectory, label: bool, sample_id: str = "") -> dict:
+  return data.sample(sample_id or traj.task.id, orm_text(traj), ANSWERS[0] if label else ANSWERS[1])
+
+
+def answer_ids(tokenizer) -> tuple[int, int, int]:
+  """(YES's token, NO's token, how many reply tokens precede them): the first tokens where the two replies
+  differ as the chat template writes them (a template may open every reply with a shared space)."""
+  seqs = []
+  for answer in ANSWERS:
+    tokens, _, at = scoring.encode(data.sample("probe", "?", answer), tokenizer)
+    seqs.append(tokens[at + 1:])
+  k = next((i for i, (a, b) in enumerate(zip(*seqs)) if a != b), None)
+  if k is None:
+    raise ValueError("the tokenizer writes YES and NO alike; the ORM cannot score")
+  return int(seqs[0][k]), int(seqs[1][k]), k
+
+
+def probabilities(loaded, trajs: Sequence[types.Trajectory], *, batch: int = 8,
+                  max_len: int | None = None) -> np.ndarray:
+  """p(YES) per episode: softmax over the YES and NO logits where the two replies part."""
+  if not trajs:
+    return np.zeros(0, np.float32)
+  yes, no, offset = answer_ids(loaded.tokenizer)
+  out = scoring.score(loaded, [orm_sample(t, True) for t in trajs], batch=batch, max_len=max_len,
+                      logit_ids=(yes, no), offset=offset)
+  two = out["logits"] - out["logits"].max(-1, keepdims=True)
+  p = np.exp(two)
+  return (p[:, 0] / p.sum(-1)).astype(np.float32)
+
+
+def agreement(probs: np.ndarray, verdicts: Sequence[float | None]) -> dict:
+  """How often the ORM's label 1[p ≥ 0.5] equals the programmatic verdict, on the episodes that have one; with
+  the confusion counts (true/false positives and negatives, the ORM's label against the verdict)."""
+  pairs = [(bool(p >= 0.5), v == 1.0) for p, v in zip(np.asarray(probs), verdicts) if v is not None]
+  if not pairs:
+    return {"episodes": 0, "agreement": None}
+  tp = sum(a and b for a, b in pairs)
+  tn = sum(not a and not b for a, b in pairs)
+  fp = sum(a and not b for a, b in pairs)
+  return {"episodes": len(pairs), "agreement": (tp + tn) / len(pairs), "true_positive": tp, "true_negative": tn,
+          "false_positive": fp, "false_negative": len(pairs) - tp - tn - fp}

@@ -1,0 +1,339 @@
+"""WebRL end to end (`reference/algorithms.md` §3): `python -m jaxagent.main --config=configs/webrl.py`.
+
+Stages, in order (each writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished stages and
+resumes the running one: rollouts by episode id, trainings from their Orbax checkpoints, phases stage by stage):
+
+  tasks     the bundled sites' text-profile suites: train tasks for every training episode, test tasks for the
+            evaluation alone
+  sft       the scripted expert's WebRL-format demonstrations → the text decoder fine-tuned on their successful
+            steps (π_0, the original's SFT checkpoint; also the ORM's start and the critic's trunk)
+  orm       π_0's rollouts on train tasks, judged by the sites' programs → the ORM trained to answer YES/NO on
+            them and the demonstrations; its agreement with the judge on held-out episodes
+  phase<t>  curriculum (tasks from phase t−1's failures, `proj.webrl.curriculum`, through the critic filter)
+            → rollouts of π_{t−1} → ORM labels (the reward; the judge's verdict kept to measure the ORM)
+            → critic (continues phase t−1's on this phase's steps and the replay) → actor π_t from π_{t−1}
+            with π_ref = π_{t−1} on this phase's steps and the replayed successes (`proj.webrl.replay`)
+  eval      π_0 and every phase's actor on the same held-out test episodes at `eval.temperature`:
+            `results.json`, TensorBoard, a table
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from jaxagent import types
+from jaxagent.agents.webrl import WebRL, current_html
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.envs.sites.expert import ScriptedExpert
+from jaxagent.judges.evaluators import ProgrammaticJudge
+from jaxagent.pipeline import device, rollout, scoring
+from jaxagent.pipeline import tasks as tasks_lib
+from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.finetune import finetune
+from jaxagent.pipeline.policy import load_vlm_policy
+from jaxagent.pipeline.stages import Stages, read_json, write_json
+from jaxagent.pipeline.tasks import draw_episodes, success_rate
+from jaxagent.proj.webrl import critic as critic_lib
+from jaxagent.proj.webrl import curriculum, data, orm, replay
+from jaxagent.serving.checkpoint import load_policy
+from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper, weighted_token_nll
+from jaxagent.train.metrics import MetricWriter
+
+STAGES = ("tasks", "sft", "orm", "phase<t>", "eval")
+CHOICES = {
+    "model.kind": ("decoder",),
+    "html": ("compact", "full"),
+    "reward": ("orm", "judge"),
+    "demos.split": ("train", "train_a", "train_b"),
+    "actor.loss": ("code", "paper", "sft"),
+}
+
+
+def run(config, workdir: str) -> dict:
+  stages = Stages(workdir, "webrl", config)
+  stages.run("tasks", lambda out: tasks_lib.stage_tasks(config, out, "text"))
+  stages.run("sft", lambda out: stage_sft(config, workdir, out))
+  stages.run("orm", lambda out: stage_orm(config, workdir, out))
+  for t in range(1, int(config.phases) + 1):
+    run_phase(config, workdir, t)
+  results = stages.run("eval", lambda out: stage_eval(config, workdir, out))
+  print("\n" + results_table(results))
+  print(stages.table())
+  return results
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def agent_format(config) -> WebRL:
+  return WebRL(compact=config.html == "compact")
+
+
+def env_spec(config, expert: bool = False) -> dict:
+  """The desktop window on the bundled sites, observed as WebRL's simplified HTML (no screenshots)."""
+  return rollout.site_env("text", "html", config.tasks.seed, **({"oracle_targets": True} if expert else {}))
+
+
+def _prompt_fn(fmt: WebRL):
+  return lambda obs, history: ([{"from": "human", "value": fmt.build_prompt(obs.intent, obs, history)}], [])
+
+
+def _rollout(config, model_dir: str, temperature: float, tasks, store_dir: str, name: str, seed: int):
+  fmt = agent_format(config)
+  actor = load_vlm_policy(model_dir, config, fmt, _prompt_fn(fmt), temperature, seed)
+  return device.rollout(config, env_spec(config), actor, tasks, store_dir, name, gamma=data.GAMMA)
+
+
+def _step_samples(trajs: Sequence[types.Trajectory]) -> list[dict]:
+  return [data.sample(f"{t.task.id}-{s.step}", s.obs_text, s.action_text) for t in trajs for s in t.steps
+          if s.obs_text and s.action_text]
+
+
+def _scoring(config) -> dict:
+  return {"batch": int(config.scoring.batch), "max_len": int(config.data.seq_len)}
+
+
+def _loaded(path: str):
+  return load_policy(path)
+
+
+def _demos(workdir: str) -> list[types.Trajectory]:
+  return rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos")))
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def stage_sft(config, workdir, out):
+  """The expert's demonstrations on `demos.split` train tasks → π_0 trained on their successful steps."""
+  tasks = draw_episodes(device.suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed),
+                        "demo")
+  trajs = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", compact=config.html == "compact"),
+                         tasks, os.path.join(out, "demos"), "scripted_expert:webrl", gamma=data.GAMMA)
+  items = _step_samples([t for t in trajs if t.success == 1.0])
+  if not items:
+    raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
+  finetune(stage_config(config, config.sft), out, items)
+  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
+
+
+def stage_orm(config, workdir, out):
+  """π_0's judged rollouts on train tasks (+ the demonstrations) → the ORM, initialised from π_0."""
+  tasks = draw_episodes(device.suite(workdir, "train"), int(config.orm.episodes), int(config.seed) + 1, "orm")
+  trajs = [t for t in _rollout(config, os.path.join(workdir, "sft"), float(config.orm.temperature), tasks,
+                               os.path.join(out, "store"), "sft@orm", int(config.seed)) if data.usable(t)]
+  rng = np.random.default_rng(int(config.seed) + 2)
+  held = rng.random(len(trajs)) < float(config.orm.val_fraction)
+  train = [t for t, h in zip(trajs, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
+  val = [t for t, h in zip(trajs, held) if h]
+  items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
+  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
+           init_from=os.path.join(workdir, "sft"))
+  probs = orm.probabilities(_loaded(os.path.join(out, "model")), val, **_scoring(config))
+  tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
+  return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "train_episodes": len(train),
+          "train_positive": sum(t.success == 1.0 for t in train), "held_out": orm.agreement(probs, [t.success for t in val])}
+
+
+def start_pages(workdir: str) -> dict[str, str]:
+  """Each site's start page as the demonstrations first saw it (the critic filter's canonical HTML, as the
+  original's `htmls.json`)."""
+  pages = {}
+  for t in _demos(workdir):
+    if t.steps and t.task.site not in pages:
+      pages[t.task.site] = current_html(t.steps[0].obs_text)
+  return pages
+
+
+def phase_actor(workdir: str, t: int) -> str:
+  return os.path.join(workdir, "sft") if t == 0 else os.path.join(workdir, f"phase{t}", "actor")
+
+
+def _previous_failures(workdir: str, t: int) -> list[types.Task]:
+  if t == 1:
+    return tasks_lib.read_tasks(os.path.join(workdir, "orm", "failed.jsonl"))
+  return tasks_lib.read_tasks(os.path.join(workdir, f"phase{t - 1}", "labels", "failed.jsonl"))
+
+
+def _critic_features(config, workdir: str, prompts: Sequence[str], cache: str) -> np.ndarray:
+  """[N, D] the SFT trunk's state at each prompt's last token, cached in `cache` (.npy)."""
+  if os.path.exists(cache):
+    return np.load(cache)
+  items = [data.sample(str(i), p, "x") for i, p in enumerate(prompts)]
+  feats = scoring.score(_loaded(os.path.join(workdir, "sft")), items, **_scoring(config))["hidden"]
+  np.save(cache + ".tmp.npy", feats)
+  os.replace(cache + ".tmp.npy", cache)
+  return feats
+
+
+def _previous_critic(config, workdir: str, t: int, dim: int):
+  if t == 1:
+    return None
+  return critic_lib.restore(stage_config(config, config.critic, seed_offset=20 + t - 1),
+                            os.path.join(workdir, f"phase{t - 1}", "critic"), dim)
+
+
+def run_phase(config, workdir: str, t: int) -> None:
+  phase = Stages(os.path.join(workdir, f"phase{t}"), f"webrl/phase{t}", config)
+  base = phase.workdir
+  prev_actor = phase_actor(workdir, t - 1)
+
+  def stage_curriculum(out):
+    pool = device.suite(workdir, "train")
+    failed = _previous_failures(workdir, t)
+    want = int(config.curriculum.tasks)
+    candidates = curriculum.variations(failed, pool, 2 * want if config.curriculum.critic_filter else want,
+                                       int(config.seed) + 100 + t, f"p{t}.")
+    kept, info = candidates[:want], {"failed_seeds": len(failed), "candidates": len(candidates)}
+    if config.curriculum.critic_filter:
+      pages = start_pages(workdir)
+      prompts = [curriculum.round0_prompt(c.intent, pages.get(c.site, "")) for c in candidates]
+      feats = _critic_features(config, workdir, prompts, os.path.join(out, "round0_feats.npy"))
+      prev = _previous_critic(config, workdir, t, feats.shape[-1])
+      if prev is not None:
+        band = critic_lib.in_band(*critic_lib.head_probs(prev, feats),
+                                  (float(config.curriculum.low), float(config.curriculum.high)))
+        passed = [c for c, ok in zip(candidates, band) if ok]
+        info["passed_filter"] = len(passed)
+        kept = passed[:want] if passed else kept  # none passing: the unfiltered draw, said in the summary
+        info["filter_applied"] = bool(passed)
+    tasks_lib.write_tasks(os.path.join(out, "tasks.jsonl"), kept)
+    return {**info, "tasks": len(kept), "templates": sorted({c.template for c in kept})}
+
+  phase.run("curriculum", stage_curriculum)
+
+  def stage_rollouts(out):
+    tasks = tasks_lib.read_tasks(os.path.join(base, "curriculum", "tasks.jsonl"))
+    trajs = _rollout(config, prev_actor, float(config.rollout.temperature), tasks, os.path.join(out, "store"),
+                     f"actor{t - 1}@phase{t}", int(config.seed) + 10 * t)
+    return {"episodes": len(trajs), "judge_success": success_rate(trajs)}
+
+  phase.run("rollouts", stage_rollouts)
+  trajs = [x for x in rollout.episodes(TrajectoryStore(os.path.join(base, "rollouts", "store"))) if data.usable(x)]
+
+  def stage_labels(out):
+    probs = orm.probabilities(_loaded(os.path.join(workdir, "orm", "model")), trajs, **_scoring(config))
+    labels = {x.task.id: float(p) for x, p in zip(trajs, probs)}
+    write_json(os.path.join(out, "orm.json"), labels)
+    rewards = _rewards(config, trajs, labels)
+    tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [x.task for x, r in zip(trajs, rewards) if r < 1.0])
+    return {"episodes": len(trajs), "orm_success": float(np.mean(probs >= 0.5)) if len(trajs) else 0.0,
+            "judge_success": success_rate(trajs), "orm_vs_judge": orm.agreement(probs, [x.success for x in trajs])}
+
+  phase.run("labels", stage_labels)
+  rewards = _rewards(config, trajs, read_json(os.path.join(base, "labels", "orm.json")))
+  rows = data.step_rows(trajs, rewards)
+  history = _history(config, workdir, t)
+
+  def stage_critic(out):
+    feats = _critic_features(config, workdir, rows["state"] + history["state"], os.path.join(out, "feats.npy"))
+    nfeats = _critic_features(config, workdir, rows["next_state"] + history["next_state"],
+                              os.path.join(out, "next_feats.npy"))
+    label = np.concatenate([rows["mc_return"], history["mc_return"]]) > 0
+    cfg = stage_config(config, config.critic, seed_offset=20 + t)
+    model = critic_lib.train(cfg, out, feats, nfeats, label, _previous_critic(config, workdir, t, feats.shape[-1]))
+    v = critic_lib.values(model, feats)
+    return {"rows": int(len(label)), "positive": float(label.mean()) if len(label) else 0.0,
+            "v_success": float(v[label].mean()) if label.any() else None,
+            "v_failure": float(v[~label].mean()) if (~label).any() else None}
+
+  phase.run("critic", stage_critic)
+
+  def stage_actor(out):
+    return train_actor(config, workdir, t, rows, history, out)
+
+  phase.run("actor", stage_actor)
+
+
+def _rewards(config, trajs, labels: dict) -> list[float]:
+  """Each episode's reward: the ORM's label 1[p ≥ 0.5] (WebRL), or the judge's verdict (`reward=judge`)."""
+  if config.reward == "judge":
+    return [float(x.success == 1.0) for x in trajs]
+  return [float(labels[x.task.id] >= 0.5) for x in trajs]
+
+
+def _history(config, workdir: str, t: int) -> dict:
+  """The replay candidates: every earlier phase's (and the demonstrations') steps of successful episodes, the
+  first successful episode of each task only (`replay_data`), as step rows."""
+  trajs, rewards = [x for x in _demos(workdir) if data.usable(x)], []
+  rewards = [float(x.success == 1.0) for x in trajs]
+  for k in range(1, t):
+    d = os.path.join(workdir, f"phase{k}")
+    past = [x for x in rollout.episodes(TrajectoryStore(os.path.join(d, "rollouts", "store"))) if data.usable(x)]
+    trajs += past
+    rewards += _rewards(config, past, read_json(os.path.join(d, "labels", "orm.json")))
+  keep = replay.first_per_task([x.task.intent for x in trajs], [r >= 0.5 for r in rewards])
+  return data.step_rows([trajs[i] for i in keep], [rewards[i] for i in keep])
+
+
+def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: str) -> dict:
+  """π_t from π_{t−1} on this phase's steps (advantages from the critic) and the replayed successes."""
+  prev = phase_actor(workdir, t - 1)
+  phase_dir = os.path.dirname(out)
+  feats, nfeats = (np.load(os.path.join(phase_dir, "critic", f)) for f in ("feats.npy", "next_feats.npy"))
+  model = critic_lib.restore(stage_config(config, config.critic, seed_offset=20 + t), os.path.join(phase_dir, "critic"),
+                             feats.shape[-1])
+  v, v_next = critic_lib.values(model, feats), critic_lib.values(model, nfeats)
+  reward = np.concatenate([rows["reward"], history["reward"]])
+  mc = np.concatenate([rows["mc_return"], history["mc_return"]])
+  adv = np.clip(v_next - v - 0.05 + reward + mc, -1.0, 1.0)  # rl.losses.webrl_advantage_code
+  states, actions = rows["state"] + history["state"], rows["action"] + history["action"]
+  items = [data.sample(f"s{i}", s, a) for i, (s, a) in enumerate(zip(states, actions))]
+  ref = scoring.score(_loaded(prev), items, **_scoring(config))
+  n_now = len(rows["state"])
+  ranks = replay.rank_scores(ref["logp"][n_now:], ref["tokens"][n_now:])
+  replayed = replay.select(ranks, n_now, int(config.seed) + 30 + t, (float(config.replay.low),
+                                                                     float(config.replay.high)), int(config.replay.cap))
+  chosen = list(range(n_now)) + [n_now + int(i) for i in replayed]
+  train = [dict(items[i], advantage=float(adv[i]), ref_logp=float(ref["logp"][i])) for i in chosen]
+  if config.actor.loss == "sft":
+    train = [dict(items[i]) for i in chosen if adv[i] >= 0]
+    loss = weighted_token_nll
+  elif config.actor.loss == "paper":
+    loss = webrl_actor_loss_paper(float(config.actor.beta))
+  else:
+    loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
+  finetune(stage_config(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
+  return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
+          "trained_on": len(train), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
+          "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}
+
+
+def policies(config, workdir: str) -> dict[str, str]:
+  """The evaluated actors, by name → model directory: π_0 (`sft`) and each phase's."""
+  out = {"sft": phase_actor(workdir, 0)}
+  for t in range(1, int(config.phases) + 1):
+    out[f"phase{t}"] = phase_actor(workdir, t)
+  return out
+
+
+def test_episodes(config, workdir: str) -> list[types.Task]:
+  return draw_episodes(device.suite(workdir, "test"), int(config.eval.episodes), int(config.eval.seed), "eval")
+
+
+def stage_eval(config, workdir, out):
+  results, writer = {}, MetricWriter(out)
+  temperature = float(config.eval.temperature)
+  tasks = test_episodes(config, workdir)
+  for name, model_dir in policies(config, workdir).items():
+    trajs = _rollout(config, model_dir, temperature, tasks, os.path.join(out, name), name, int(config.eval.seed))
+    results[name] = device.eval_summary(trajs, temperature)
+    writer.write_scalars(0, {f"eval/{name}_success_rate": results[name]["success_rate"]})
+  writer.close()
+  orm_summary = read_json(os.path.join(workdir, "orm", "DONE"))
+  phases = [read_json(os.path.join(workdir, f"phase{t}", "labels", "DONE")) for t in range(1, int(config.phases) + 1)]
+  held = {"orm_held_out": orm_summary["held_out"], "orm_by_phase": [p["orm_vs_judge"] for p in phases]}
+  write_json(os.path.join(workdir, "results.json"), results)
+  write_json(os.path.join(workdir, "orm_agreement.json"), held)
+  return results
+
+
+def results_table(results: dict) -> str:
+  rows = ["policy   success   episodes  temperature  mean steps"]
+  for name, r in results.items():
+    rows.append(f"{name:<8} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
+                f"{r['mean_steps']:10.2f}")
+  return "\n".join(rows)
