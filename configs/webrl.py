@@ -14,7 +14,9 @@ Keys a researcher changes first:
   phases            how many curriculum → rollouts → critic → actor phases
   curriculum.tasks  new tasks per phase (the original keeps 500)
   actor.loss        code (the code's clipped log-ratio regression, §3.8) | paper ((β log π/π_ref − A)²) | sft
-  html              full (the original's simplified HTML) | compact (without data-bbox and session prefixes)
+  html              full (the observer's simplified HTML) | compact (the original parser's attributes, no data-bbox)
+  prompt_chars      where the prompt cuts history + HTML (the original's 15872; 2048 keeps the default's
+                    category pages up to their sort links, and every sequence under ~2k tokens on a CPU)
   reward            orm (the recipe's reward, as in WebRL) | judge (the programmatic verdict: an oracle ablation)
 
 Variants (`configs/webrl.py:<name>`):
@@ -36,13 +38,14 @@ def get_config(arg=None):
   c = config_lib.base_config(staged=True)
   c.recipe = "webrl"
   c.html = "compact"  # full | compact
+  c.prompt_chars = 2048  # the prompt's cut of the HTML (the original: 16384 − 512 = 15872)
   c.reward = "orm"  # orm | judge
 
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
   c.data = ml_collections.ConfigDict()
   c.data.tokenizer = ""  # "" = the embedded byte-level BPE (or the HF checkpoint's own)
-  c.data.seq_len = 6144  # the longest prompt + reply of the default's pages, in the embedded tokenizer
+  c.data.seq_len = 2560  # ≥ the longest prompt + reply, in the embedded tokenizer
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0
   c.data.num_threads = 2

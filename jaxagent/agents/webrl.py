@@ -34,15 +34,16 @@ _USER = "<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
 _ASSISTANT = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
 
 
-def webrl_prompt(intent: str, previous_actions: Sequence[str], html: str) -> str:
-  """`WebRLPromptConstructor.construct`: rounds 0..t-1 with their actions, then round t's HTML."""
+def webrl_prompt(intent: str, previous_actions: Sequence[str], html: str, max_chars: int = MAX_PROMPT_CHARS) -> str:
+  """`WebRLPromptConstructor.construct`: rounds 0..t-1 with their actions, then round t's HTML, cut so that history
+  and HTML hold at most `max_chars` characters (the original's 16384 − 512)."""
   index = len(previous_actions)
   history = ""
   for i in range(index - 1, -1, -1):
     user = intent if i == 0 else SIMPLIFIED_HTML
     history = f"Round {i}\n\n{_USER}{user}\n\n{_ASSISTANT}{previous_actions[i]}\n\n" + history
-  if len(history) + len(html) > MAX_PROMPT_CHARS:
-    html = html[:MAX_PROMPT_CHARS - len(history)]
+  if len(history) + len(html) > max_chars:
+    html = html[:max_chars - len(history)]
   current_turn = f"Round {index}\n\n{_USER}{html}\n\n{_ASSISTANT}"
   return f"Task Instruction: {intent}\n\n{history}{current_turn}"
 
@@ -54,14 +55,15 @@ def current_html(prompt: str) -> str:
   return prompt[head + len(_USER):tail] if 0 <= head < tail else ""
 
 
-_BBOX = re.compile(r' data-bbox="[^"]*"')
-_SESSION = re.compile(r"/s/[0-9a-f]{16}(?=/)")
+# The attributes our observer writes beyond WebRL's HtmlParser list (title, value, type, placeholder, selected,
+# data-value, data-text, data-testid, data-label, data-bbox, data-status), and data-bbox.
+_EXTRA_ATTRS = re.compile(r' (?:href|aria-label|name|checked|data-bbox)="[^"]*"')
 
 
 def compact_html(html: str) -> str:
-  """The simplified HTML without its `data-bbox` attributes and without the bundled sites' per-episode session
-  prefix in links (`/s/<id>/shop/...` → `/shop/...`): about 40 % fewer tokens, the element ids unchanged."""
-  return _SESSION.sub("", _BBOX.sub("", html))
+  """The simplified HTML with the original parser's attributes only and without `data-bbox`: about half the
+  tokens, the element ids and texts unchanged."""
+  return _EXTRA_ATTRS.sub("", html)
 
 
 def training_target(action_text: str) -> str:
@@ -245,14 +247,15 @@ class WebRL(base.AgentFormat):
   _KINDS = frozenset({ActionKind.CLICK, ActionKind.HOVER, ActionKind.TYPE, ActionKind.SELECT, ActionKind.SCROLL,
                       ActionKind.KEY, ActionKind.BACK, ActionKind.FORWARD, ActionKind.ANSWER})
 
-  def __init__(self, extended_actions: bool = False, compact: bool = False):
-    """`compact`: the HTML through `compact_html` (a departure for short contexts; off as in the original)."""
-    self.extended_actions, self.compact = extended_actions, compact
+  def __init__(self, extended_actions: bool = False, compact: bool = False, max_prompt_chars: int = MAX_PROMPT_CHARS):
+    """`compact`: the HTML through `compact_html`; `max_prompt_chars`: where the prompt cuts the HTML (both
+    departures for short contexts; the defaults are the original's)."""
+    self.extended_actions, self.compact, self.max_prompt_chars = extended_actions, compact, int(max_prompt_chars)
     self.supported_kinds = self._KINDS | ({ActionKind.WAIT} if extended_actions else frozenset())
 
   def build_prompt(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> str:
     html = compact_html(observation.html) if self.compact else observation.html
-    return webrl_prompt(base.task_intent(task), [s.action_text for s in history], html)
+    return webrl_prompt(base.task_intent(task), [s.action_text for s in history], html, self.max_prompt_chars)
 
   def observation_text(self, task, observation, history) -> str:
     return self.build_prompt(task, observation, history)

@@ -68,8 +68,12 @@ def run(config, workdir: str) -> dict:
 # ---------------------------------------------------------------------------------------- helpers
 
 
+def format_options(config) -> dict:
+  return {"compact": config.html == "compact", "max_prompt_chars": int(config.prompt_chars)}
+
+
 def agent_format(config) -> WebRL:
-  return WebRL(compact=config.html == "compact")
+  return WebRL(**format_options(config))
 
 
 def env_spec(config, expert: bool = False) -> dict:
@@ -111,7 +115,7 @@ def stage_sft(config, workdir, out):
   """The expert's demonstrations on `demos.split` train tasks → π_0 trained on their successful steps."""
   tasks = draw_episodes(device.suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed),
                         "demo")
-  trajs = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", compact=config.html == "compact"),
+  trajs = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", **format_options(config)),
                          tasks, os.path.join(out, "demos"), "scripted_expert:webrl", gamma=data.GAMMA)
   items = _step_samples([t for t in trajs if t.success == 1.0])
   if not items:

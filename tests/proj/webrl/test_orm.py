@@ -1,0 +1,151 @@
+"""WebRL's outcome reward model input and scoring (`proj/webrl/orm.py`, `agents/webrl.py`'s ORM helpers)."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent import types
+from jaxagent.agents import webrl as fmt
+from jaxagent.data import conversation
+from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.proj.webrl import orm
+
+INTENT = "Add the blue mug to my cart"
+HTMLS = ['<html><a id="1">Home</a></html>', '<html><button id="2">Search</button></html>',
+         '<html><button id="7">Add to cart</button></html>']
+REPLIES = ['# Go home first\ndo(action="Click", element="1")', 'do(action="Type", argument="mug", element="2")',
+           '# Now add it\n# to the cart\nexit(message="done")']
+
+
+def _traj(htmls=HTMLS, replies=REPLIES, intent=INTENT, success=None):
+  task = types.Task(id="t0", intent=intent, site="shop", start_url="http://127.0.0.1/")
+  steps = [types.Step(step=k, obs_text=fmt.webrl_prompt(intent, replies[:k], html), action_text=replies[k])
+           for k, html in enumerate(htmls)]
+  return types.Trajectory(task, steps, success=success)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return load_tokenizer(None, require_image_token=False)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+  from jaxagent.serving.checkpoint import random_policy
+  return random_policy("decoder", seed=3, num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128)
+
+
+# ----------------------------------------------------------------------------------------------- the text
+
+
+def test_orm_text_is_the_system_prompt_then_rm_format_over_the_last_steps_html():
+  expected = (fmt.ORM_SYSTEM_PROMPT + "\n\n"
+              "The User Intent:\nAdd the blue mug to my cart\n\n"
+              "Action History:\n"
+              '# Go home first; do(action="Click", element="1")\n'
+              'do(action="Type", argument="mug", element="2")\n'
+              '# Now add it; # to the cart; exit(message="done")\n'
+              "\n"
+              "The Current Screenshot:\n"
+              '<html><button id="7">Add to cart</button></html>')
+  text = orm.orm_text(_traj())
+  assert text == expected
+  assert text.startswith(fmt.ORM_SYSTEM_PROMPT)
+  for earlier in HTMLS[:-1]:  # only the page seen before the last action
+    assert earlier not in text
+
+
+def test_orm_text_strips_the_intent_and_of_a_one_step_episode_reads_its_only_page():
+  text = orm.orm_text(_traj(htmls=HTMLS[:1], replies=REPLIES[:1], intent="  spaced intent \n"))
+  assert "The User Intent:\nspaced intent\n\nAction History:\n" in text
+  assert text.endswith("The Current Screenshot:\n" + HTMLS[0])
+
+
+def test_orm_text_of_an_episode_without_steps_has_an_empty_screen():
+  text = orm.orm_text(types.Trajectory(types.Task(id="e", intent="x", site="shop", start_url="u")))
+  assert text == fmt.ORM_SYSTEM_PROMPT + "\n\nThe User Intent:\nx\n\nAction History:\n\nThe Current Screenshot:\n"
+
+
+def test_orm_sample_replies_yes_or_no_after_the_orm_text():
+  traj = _traj()
+  yes, no = orm.orm_sample(traj, True), orm.orm_sample(traj, False, "custom")
+  assert yes["id"] == "t0" and no["id"] == "custom"
+  assert yes["conversations"] == [{"from": "human", "value": orm.orm_text(traj)}, {"from": "gpt", "value": "YES"}]
+  assert no["conversations"][1] == {"from": "gpt", "value": "NO"}
+  assert yes["images"] == []
+
+
+def test_current_html_returns_the_html_the_prompt_was_built_over():
+  html = '<div id="4">Round 1\n\nnot a header</div>'
+  assert fmt.current_html(fmt.webrl_prompt(INTENT, [], html)) == html  # round 0
+  assert fmt.current_html(fmt.webrl_prompt(INTENT, REPLIES[:2], html)) == html  # round 2, history before it
+  assert fmt.current_html("no webrl prompt here") == ""
+
+
+def test_compact_html_keeps_the_original_parsers_attributes_without_bboxes():
+  html = ('<a id="3" href="/s/0123456789abcdef/shop/cart" data-bbox="10,20,30,40">Cart</a>'
+          '<input id="4" type="search" placeholder="Search" aria-label="Search" name="q" value="x" data-bbox="0,0,1,1">'
+          '<option selected="true" title="t" data-text="d">o</option>')
+  assert fmt.compact_html(html) == ('<a id="3">Cart</a><input id="4" type="search" placeholder="Search" value="x">'
+                                    '<option selected="true" title="t" data-text="d">o</option>')
+
+
+# ----------------------------------------------------------------------------------------- answer tokens
+
+
+def _reply_tokens(answer, tokenizer):
+  ids, loss = conversation.tokenize({"id": "p", "images": [], "conversations": [
+      {"from": "human", "value": "?"}, {"from": "gpt", "value": answer}]}, tokenizer, 1)
+  return ids[loss > 0]
+
+
+def test_answer_ids_are_where_yes_and_no_part(tokenizer):
+  yes, no, offset = orm.answer_ids(tokenizer)
+  assert yes != no
+  assert tokenizer.decode([yes]) and "YES".startswith(tokenizer.decode([yes]))
+  assert tokenizer.decode([no]) and "NO".startswith(tokenizer.decode([no]))
+  a, b = _reply_tokens("YES", tokenizer), _reply_tokens("NO", tokenizer)
+  shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+  assert offset == shared
+  assert (a[offset], b[offset]) == (yes, no)
+  np.testing.assert_array_equal(a[:offset], b[:offset])
+
+
+# ------------------------------------------------------------------------------------------ probabilities
+
+
+def _hand_p_yes(loaded, traj):
+  a, b = _reply_tokens("YES", loaded.tokenizer), _reply_tokens("NO", loaded.tokenizer)
+  offset = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # the reply tokens YES and NO share
+  yes, no = a[offset], b[offset]
+  ids, loss = conversation.tokenize(orm.orm_sample(traj, True), loaded.tokenizer, 1)
+  at = int(np.flatnonzero(loss)[0]) - 1 + offset
+  logits = np.asarray(loaded.model(jax.numpy.asarray(ids[None, :-1])))[0, at].astype(np.float64)
+  two = np.array([logits[yes], logits[no]])
+  e = np.exp(two - two.max())
+  return e[0] / e.sum()
+
+
+def test_probabilities_are_the_softmax_of_yes_and_no_where_the_replies_part(loaded):
+  trajs = [_traj(), _traj(htmls=HTMLS[:1], replies=REPLIES[:1], intent="Open the wiki")]
+  p = orm.probabilities(loaded, trajs, batch=2)
+  assert p.shape == (2,) and p.dtype == np.float32
+  np.testing.assert_allclose(p, [_hand_p_yes(loaded, t) for t in trajs], atol=1e-5)
+  assert np.all((p > 0) & (p < 1))
+  assert orm.probabilities(loaded, []).shape == (0,)
+
+
+# -------------------------------------------------------------------------------------------- agreement
+
+
+def test_agreement_counts_the_orm_label_against_the_verdict():
+  probs = np.array([0.9, 0.2, 0.5, 0.49, 0.7, 0.1])
+  verdicts = [1.0, 0.0, 0.0, 1.0, None, 0.0]
+  # (label, verdict): (1,1) TP, (0,0) TN, (1,0) FP (0.5 labels YES), (0,1) FN, skipped, (0,0) TN
+  assert orm.agreement(probs, verdicts) == {"episodes": 5, "agreement": 3 / 5, "true_positive": 1,
+                                            "true_negative": 2, "false_positive": 1, "false_negative": 1}
+
+
+def test_agreement_without_verdicts_is_none():
+  assert orm.agreement(np.zeros(0), []) == {"episodes": 0, "agreement": None}
+  assert orm.agreement(np.array([0.3, 0.8]), [None, None]) == {"episodes": 0, "agreement": None}

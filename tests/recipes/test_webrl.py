@@ -1,0 +1,107 @@
+"""WebRL end to end on the `smoke` config, through real Chromium and the bundled sites.
+
+The module fixture starts `python -m jaxagent.main --config=configs/webrl.py:smoke` in a subprocess, SIGKILLs it
+once phase 1's rollouts have stored their first episode (mid phase), then runs the pipeline to the end in this
+process: the restarted run must keep that episode, run only the rest, and finish.
+"""
+
+import json
+import os
+
+import pytest
+
+import killed_run
+from configs import webrl as webrl_config
+from jaxagent.agents.webrl import WebRL
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline import device
+from jaxagent.pipeline.config import ConfigError, validate
+from jaxagent.pipeline.stages import DONE
+from jaxagent.recipes import webrl
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("webrl"))
+  marker = os.path.join(workdir, "phase1", "rollouts", "store", "episodes.jsonl")
+  killed_with = killed_run.run_until("configs/webrl.py:smoke", workdir, marker)
+  config = webrl_config.get_config("smoke")
+  results = webrl.run(config, workdir)
+  return config, workdir, results, killed_with
+
+
+def _ids(store_dir):
+  store = TrajectoryStore(store_dir)
+  return [store.read_json(i)["task"]["id"] for i in range(len(store))]
+
+
+@pytest.mark.slow
+def test_killed_phase_resumes_without_redoing_episodes(pipeline):
+  config, workdir, _, killed_with = pipeline
+  assert killed_with >= 1, "the first run was killed before phase 1 stored an episode"
+  ids = _ids(os.path.join(workdir, "phase1", "rollouts", "store"))
+  assert len(ids) == config.curriculum.tasks == len(set(ids))  # nothing lost, nothing run twice
+  for stage in ("tasks", "sft", "orm", "eval"):
+    assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
+  for part in ("curriculum", "rollouts", "labels", "critic", "actor"):
+    assert os.path.exists(os.path.join(workdir, "phase1", part, DONE)), part
+
+
+@pytest.mark.slow
+def test_results_compare_sft_and_each_phase_on_the_same_held_out_episodes(pipeline):
+  config, workdir, results, _ = pipeline
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved == results and list(saved) == ["sft", "phase1"]
+  episodes = sorted(t.id for t in webrl.test_episodes(config, workdir))
+  for name, r in saved.items():
+    assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
+    assert sorted(_ids(os.path.join(workdir, "eval", name))) == episodes
+  test = device.suite(workdir, "test")
+  test_ids, test_intents = {t.id for t in test}, {t.intent for t in test}
+  for store_dir in ("sft/demos", "orm/store", "phase1/rollouts/store"):
+    store = TrajectoryStore(os.path.join(workdir, store_dir))
+    trajs = [store.read(i) for i in range(len(store))]
+    assert trajs, store_dir
+    assert not {t.task.id.split("@")[0] for t in trajs} & test_ids, store_dir
+    assert not {t.task.intent for t in trajs} & test_intents, store_dir  # no evaluation intent trained on
+  with open(os.path.join(workdir, "orm_agreement.json")) as f:
+    agreement = json.load(f)
+  assert len(agreement["orm_by_phase"]) == config.phases
+  assert agreement["orm_by_phase"][0]["episodes"] == config.curriculum.tasks
+
+
+@pytest.mark.slow
+def test_the_actor_trains_on_webrl_prompts_and_the_orm_labels_every_episode(pipeline):
+  _, workdir, _, _ = pipeline
+  with open(os.path.join(workdir, "phase1", "labels", "orm.json")) as f:
+    labels = json.load(f)
+  ids = _ids(os.path.join(workdir, "phase1", "rollouts", "store"))
+  assert set(labels) == set(ids) and all(0.0 <= p <= 1.0 for p in labels.values())
+  store = TrajectoryStore(os.path.join(workdir, "phase1", "rollouts", "store"))
+  step = store.read(0).steps[0]
+  assert step.obs_text.startswith("Task Instruction: ") and "data-bbox" not in step.obs_text  # html=compact
+  with open(os.path.join(workdir, "phase1", "actor", "DONE")) as f:
+    actor = json.load(f)
+  assert actor["phase_steps"] == sum(len(store.read(i).steps) for i in range(len(store)))
+
+
+@pytest.mark.parametrize("key,value", [("actor.loss", "ppo"), ("html", "raw"), ("reward", "gpt4"),
+                                       ("model.kind", "vlm")])
+def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
+  config = webrl_config.get_config()
+  validate(config, webrl.CHOICES, {})
+  config.unlock()
+  section, _, leaf = key.rpartition(".")
+  (config[section] if section else config)[leaf] = value
+  with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    validate(config, webrl.CHOICES, {})
+
+
+def test_compact_html_keeps_the_ids_the_actions_name():
+  from jaxagent.types import Observation
+  html = '<a id="3" href="/s/0123456789abcdef/shop/c/audio" data-bbox="88,51,43,21"> Audio </a>'
+  obs = Observation(url="", html=html, intent="Open audio")
+  full, compact = WebRL().build_prompt("Open audio", obs, []), WebRL(compact=True).build_prompt("Open audio", obs, [])
+  assert html in full
+  assert '<a id="3"> Audio </a>' in compact
