@@ -57,11 +57,12 @@ def get_config(arg=None):
 
   # SFT: the scripted expert's demonstrations in WebRL's format (the original's web_policy_sft).
   c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b
-  c.sft = config_lib.stage(steps=300, batch_size=4, lr=3e-3)
+  c.sft = config_lib.stage(steps=200, batch_size=4, lr=3e-3)
 
-  # ORM: trained on the SFT actor's programmatically judged rollouts on train tasks (and the demonstrations),
-  # `val_fraction` of the episodes held out to report its agreement with the judge.
-  c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, val_fraction=0.25))
+  # ORM: trained on programmatically judged episodes on train tasks: the SFT actor's rollouts, the demonstrations
+  # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);
+  # `val_fraction` of the rollouts and near misses held out to report its agreement with the judge.
+  c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, near_misses=48, val_fraction=0.25))
   c.orm.update(config_lib.stage(steps=150, batch_size=4, lr=1e-3))
 
   c.phases = 2
@@ -85,7 +86,7 @@ def get_config(arg=None):
     c.sampling.max_tokens = 16
     c.demos.episodes = 2
     c.sft.train.update(steps=3, batch_size=2)
-    c.orm.update(episodes=3)
+    c.orm.update(episodes=3, near_misses=2)
     c.orm.train.update(steps=2, batch_size=2)
     c.phases = 1
     c.curriculum.tasks = 2

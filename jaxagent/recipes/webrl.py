@@ -125,21 +125,30 @@ def stage_sft(config, workdir, out):
 
 
 def stage_orm(config, workdir, out):
-  """π_0's judged rollouts on train tasks (+ the demonstrations) → the ORM, initialised from π_0."""
-  tasks = draw_episodes(device.suite(workdir, "train"), int(config.orm.episodes), int(config.seed) + 1, "orm")
+  """π_0's judged rollouts on train tasks, the demonstrations and the expert's near misses → the ORM, initialised
+  from π_0; its agreement with the judge on `orm.val_fraction` of the rollouts and near misses, held out."""
+  pool = device.suite(workdir, "train")
+  tasks = draw_episodes(pool, int(config.orm.episodes), int(config.seed) + 1, "orm")
   trajs = [t for t in _rollout(config, os.path.join(workdir, "sft"), float(config.orm.temperature), tasks,
                                os.path.join(out, "store"), "sft@orm", int(config.seed)) if data.usable(t)]
+  misses = orm.near_misses(draw_episodes(pool, int(config.orm.near_misses), int(config.seed) + 4, "miss"), pool,
+                           int(config.seed) + 5)
+  decoys = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", **format_options(config)),
+                          misses, os.path.join(out, "near_misses"), "scripted_expert:near_miss", gamma=data.GAMMA)
+  judged = trajs + [t for t in decoys if data.usable(t)]
   rng = np.random.default_rng(int(config.seed) + 2)
-  held = rng.random(len(trajs)) < float(config.orm.val_fraction)
-  train = [t for t, h in zip(trajs, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
-  val = [t for t, h in zip(trajs, held) if h]
+  held = rng.random(len(judged)) < float(config.orm.val_fraction)
+  train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
+  val = [t for t, h in zip(judged, held) if h]
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
   probs = orm.probabilities(_loaded(os.path.join(out, "model")), val, **_scoring(config))
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
-  return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "train_episodes": len(train),
-          "train_positive": sum(t.success == 1.0 for t in train), "held_out": orm.agreement(probs, [t.success for t in val])}
+  return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
+          "near_miss_success": success_rate(decoys), "train_episodes": len(train),
+          "train_positive": sum(t.success == 1.0 for t in train),
+          "held_out": orm.agreement(probs, [t.success for t in val])}
 
 
 def start_pages(workdir: str) -> dict[str, str]:
@@ -163,11 +172,15 @@ def _previous_failures(workdir: str, t: int) -> list[types.Task]:
 
 
 def _critic_features(config, workdir: str, prompts: Sequence[str], cache: str) -> np.ndarray:
-  """[N, D] the SFT trunk's state at each prompt's last token, cached in `cache` (.npy)."""
+  """[N, D] the SFT trunk's state at each prompt's last token (each distinct prompt read once), cached in
+  `cache` (.npy)."""
   if os.path.exists(cache):
     return np.load(cache)
-  items = [data.sample(str(i), p, "x") for i, p in enumerate(prompts)]
+  distinct = sorted(set(prompts))
+  items = [data.sample(str(i), p, "x") for i, p in enumerate(distinct)]
   feats = scoring.score(_loaded(os.path.join(workdir, "sft")), items, **_scoring(config))["hidden"]
+  row = {p: i for i, p in enumerate(distinct)}
+  feats = feats[[row[p] for p in prompts]]
   np.save(cache + ".tmp.npy", feats)
   os.replace(cache + ".tmp.npy", cache)
   return feats
@@ -233,9 +246,10 @@ def run_phase(config, workdir: str, t: int) -> None:
   history = _history(config, workdir, t)
 
   def stage_critic(out):
-    feats = _critic_features(config, workdir, rows["state"] + history["state"], os.path.join(out, "feats.npy"))
-    nfeats = _critic_features(config, workdir, rows["next_state"] + history["next_state"],
-                              os.path.join(out, "next_feats.npy"))
+    states = rows["state"] + history["state"]
+    both = _critic_features(config, workdir, states + rows["next_state"] + history["next_state"],
+                            os.path.join(out, "state_feats.npy"))
+    feats, nfeats = both[:len(states)], both[len(states):]
     label = np.concatenate([rows["mc_return"], history["mc_return"]]) > 0
     cfg = stage_config(config, config.critic, seed_offset=20 + t)
     model = critic_lib.train(cfg, out, feats, nfeats, label, _previous_critic(config, workdir, t, feats.shape[-1]))
@@ -277,7 +291,8 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
   """π_t from π_{t−1} on this phase's steps (advantages from the critic) and the replayed successes."""
   prev = phase_actor(workdir, t - 1)
   phase_dir = os.path.dirname(out)
-  feats, nfeats = (np.load(os.path.join(phase_dir, "critic", f)) for f in ("feats.npy", "next_feats.npy"))
+  both = np.load(os.path.join(phase_dir, "critic", "state_feats.npy"))
+  feats, nfeats = np.split(both, 2)
   model = critic_lib.restore(stage_config(config, config.critic, seed_offset=20 + t), os.path.join(phase_dir, "critic"),
                              feats.shape[-1])
   v, v_next = critic_lib.values(model, feats), critic_lib.values(model, nfeats)

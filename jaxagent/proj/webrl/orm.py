@@ -10,6 +10,8 @@ reply token where the two answers differ; the label is 1[p ≥ 0.5]. It is train
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +22,20 @@ from jaxagent.pipeline import scoring
 from jaxagent.proj.webrl import data
 
 ANSWERS = ("YES", "NO")
+
+
+def near_misses(tasks: Sequence[types.Task], pool: Sequence[types.Task], seed: int) -> list[types.Task]:
+  """Each task with the solution (oracle) of a sibling: a pool task of its template with another intent. The
+  scripted expert executing it under the task's intent and evaluator makes a fluent episode the judge fails (the
+  right category with another order, say): the ORM's negatives that look like its positives. Tasks without a
+  sibling are left out."""
+  rng = random.Random(seed)
+  out = []
+  for t in tasks:
+    siblings = [p for p in pool if p.template == t.template and p.intent != t.intent]
+    if siblings:
+      out.append(dataclasses.replace(t, oracle=rng.choice(siblings).oracle))
+  return out
 
 
 def orm_text(traj: types.Trajectory) -> str:

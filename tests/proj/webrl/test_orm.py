@@ -149,3 +149,17 @@ def test_agreement_counts_the_orm_label_against_the_verdict():
 def test_agreement_without_verdicts_is_none():
   assert orm.agreement(np.zeros(0), []) == {"episodes": 0, "agreement": None}
   assert orm.agreement(np.array([0.3, 0.8]), [None, None]) == {"episodes": 0, "agreement": None}
+
+
+def test_near_misses_carry_a_siblings_solution_under_their_own_intent_and_evaluator():
+  def task(i, template, intent):
+    return types.Task(id=f"t{i}", intent=intent, site="shop", start_url="http://x/", template=template, evaluator={"kind": "url_match", "url": intent},
+                oracle=[{"op": "answer", "text": intent}])
+  pool = [task(0, "a", "A0"), task(1, "a", "A1"), task(2, "a", "A2"), task(3, "b", "B0")]
+  misses = orm.near_misses(pool, pool, seed=0)
+  assert [m.id for m in misses] == ["t0", "t1", "t2"]  # t3 has no sibling: left out
+  for m, original in zip(misses, pool):
+    assert m.intent == original.intent and m.evaluator == original.evaluator
+    solved = m.oracle[0]["text"]
+    assert solved != m.intent and solved.startswith("A")  # another task of the same template
+  assert orm.near_misses(pool, pool, seed=0) == misses
