@@ -44,6 +44,14 @@ def _logits(model, batch: dict) -> jnp.ndarray:
   return model(batch["input_ids"], attention_mask=batch["attention_mask"])
 
 
+def _target_logprobs(model, batch: dict):
+  """(logits, log p of each target token [B, T], the float loss mask [B, T])."""
+  logits = _logits(model, batch)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+  return logits, tok, batch["loss_mask"].astype(jnp.float32)
+
+
 def _accuracy(logits, batch: dict, count) -> jnp.ndarray:
   hits = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
   return hits.sum() / jnp.maximum(count, 1)
@@ -57,15 +65,13 @@ def weighted_token_nll(model, batch: dict, rng=None):
   (Digi-Q's / DigiRL's weighted actor regression, §5.5, §4.7).
   """
   del rng
-  logits = _logits(model, batch)
   if "weight" in batch:
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    mask = batch["loss_mask"].astype(jnp.float32)
+    logits, tok, mask = _target_logprobs(model, batch)
     count = mask.sum()
     w = batch["weight"].astype(jnp.float32)[:, None]
     loss = -jnp.sum(jnp.where(mask > 0, tok * w, 0.0)) / jnp.maximum(count, 1.0)
   else:
+    logits = _logits(model, batch)
     loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
   return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
 
@@ -77,10 +83,7 @@ def sequence_nll(clamp_prob: tuple[float, float] | None = None):
   `weight` (1 without one)."""
   def loss_fn(model, batch: dict, rng=None):
     del rng
-    logits = _logits(model, batch)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    mask = batch["loss_mask"].astype(jnp.float32)
+    logits, tok, mask = _target_logprobs(model, batch)
     loss = bc_nll(tok, mask, batch.get("weight"), clamp_prob=clamp_prob, normalize="sequence")
     count = mask.sum()
     return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
@@ -94,10 +97,7 @@ def webrl_actor_loss(add_sft_loss: bool = False):
   the reference policy's summed log-probability of the action `ref_logp` (scored before training)."""
   def loss_fn(model, batch: dict, rng=None):
     del rng
-    logits = _logits(model, batch)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    mask = batch["loss_mask"].astype(jnp.float32)
+    logits, tok, mask = _target_logprobs(model, batch)
     loss, aux = webrl_actor_loss_code_seq(tok, mask, batch["ref_logp"], batch["advantage"], add_sft_loss)
     count = mask.sum()
     return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count),
@@ -112,10 +112,7 @@ def webrl_actor_loss_paper(beta: float):
   §3.8) on batches carrying `advantage` and `ref_logp`, sequence log-probabilities summed over the reply."""
   def loss_fn(model, batch: dict, rng=None):
     del rng
-    logits = _logits(model, batch)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    mask = batch["loss_mask"].astype(jnp.float32)
+    logits, tok, mask = _target_logprobs(model, batch)
     lp = jnp.sum(jnp.where(mask > 0, tok, 0.0), -1)
     count = mask.sum()
     loss = rl_losses.webrl_actor_loss_paper(beta, lp, batch["ref_logp"], batch["advantage"])
