@@ -165,8 +165,15 @@ class MiniWoBEnv(BrowserEnv):
         raise RuntimeError(f"MiniWoB task {task.meta['miniwob_task']!r} never became ready")
       time.sleep(0.02)
     self._episodes_on_page += 1
-    utterance = self._page.evaluate("() => core.getUtterance()")
-    self._utterance = utterance["utterance"] if isinstance(utterance, dict) else utterance
+    while True:  # every task states its goal; an empty one is a page not (re)set, which a retry repairs
+      utterance = self._page.evaluate("() => core.getUtterance()")
+      self._utterance = utterance["utterance"] if isinstance(utterance, dict) else utterance
+      if self._utterance:
+        break
+      if time.monotonic() > deadline:
+        self._page_crashed = True  # the next reset reloads the page
+        raise RuntimeError(f"MiniWoB task {task.meta['miniwob_task']!r} started with an empty utterance")
+      time.sleep(0.02)
 
   def _intent(self) -> str:
     return self._utterance

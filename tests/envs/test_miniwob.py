@@ -119,3 +119,17 @@ def test_flight_task_loads_in_its_iframe_wrapper(env):
   assert obs.intent and obs.screenshot.shape == (667, 375, 3)
   obs = env.reset(miniwob.make_task("click-button", seed=0))  # back to the small task viewport
   assert obs.screenshot.shape == (210, 160, 3)
+
+
+def test_a_reset_whose_page_states_no_goal_fails_and_the_next_reset_reloads():
+  e = miniwob.MiniWoBEnv(observation="som")
+  try:
+    task = miniwob.make_task("click-button", seed=1)
+    assert e.reset(task).intent
+    e._page.evaluate("() => { core.getUtterance = () => ''; }")  # a page left without its goal
+    with pytest.raises(RuntimeError, match="empty utterance"):
+      e.reset(task)
+    obs = e.reset(task)  # reloaded: the page's own getUtterance again
+    assert obs.intent.startswith("Click on the")
+  finally:
+    e.close()
