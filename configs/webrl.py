@@ -1,5 +1,5 @@
-"""WebRL end to end (`reference/algorithms.md` §3): tasks → SFT → ORM → phases of (curriculum → rollouts → ORM
-labels → critic → actor) → evaluation on held-out tasks.
+"""WebRL end to end (`reference/algorithms.md` §3): tasks → SFT → ORM → phases of (curriculum → rollouts →
+ORM labels → critic → actor) → evaluation on held-out tasks.
 
   python -m jaxagent.main --config=configs/webrl.py --workdir=/tmp/webrl
 

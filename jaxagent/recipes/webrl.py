@@ -42,7 +42,6 @@ from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper, weighted_token_nll
 from jaxagent.train.metrics import MetricWriter
 
-STAGES = ("tasks", "sft", "orm", "phase<t>", "eval")
 CHOICES = {
     "model.kind": ("decoder",),
     "html": ("compact", "full"),
@@ -100,10 +99,6 @@ def _scoring(config) -> dict:
   return {"batch": int(config.scoring.batch), "max_len": int(config.data.seq_len)}
 
 
-def _loaded(path: str):
-  return load_policy(path)
-
-
 def _demos(workdir: str) -> list[types.Trajectory]:
   return rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos")))
 
@@ -143,7 +138,7 @@ def stage_orm(config, workdir, out):
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
-  probs = orm.probabilities(_loaded(os.path.join(out, "model")), val, **_scoring(config))
+  probs = orm.probabilities(load_policy(os.path.join(out, "model")), val, **_scoring(config))
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
   return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
           "near_miss_success": success_rate(decoys), "train_episodes": len(train),
@@ -178,7 +173,7 @@ def _critic_features(config, workdir: str, prompts: Sequence[str], cache: str) -
     return np.load(cache)
   distinct = sorted(set(prompts))
   items = [data.sample(str(i), p, "x") for i, p in enumerate(distinct)]
-  feats = scoring.score(_loaded(os.path.join(workdir, "sft")), items, **_scoring(config))["hidden"]
+  feats = scoring.score(load_policy(os.path.join(workdir, "sft")), items, **_scoring(config))["hidden"]
   row = {p: i for i, p in enumerate(distinct)}
   feats = feats[[row[p] for p in prompts]]
   np.save(cache + ".tmp.npy", feats)
@@ -232,7 +227,7 @@ def run_phase(config, workdir: str, t: int) -> None:
   trajs = [x for x in rollout.episodes(TrajectoryStore(os.path.join(base, "rollouts", "store"))) if data.usable(x)]
 
   def stage_labels(out):
-    probs = orm.probabilities(_loaded(os.path.join(workdir, "orm", "model")), trajs, **_scoring(config))
+    probs = orm.probabilities(load_policy(os.path.join(workdir, "orm", "model")), trajs, **_scoring(config))
     labels = {x.task.id: float(p) for x, p in zip(trajs, probs)}
     write_json(os.path.join(out, "orm.json"), labels)
     rewards = _rewards(config, trajs, labels)
@@ -276,7 +271,7 @@ def _rewards(config, trajs, labels: dict) -> list[float]:
 def _history(config, workdir: str, t: int) -> dict:
   """The replay candidates: every earlier phase's (and the demonstrations') steps of successful episodes, the
   first successful episode of each task only (`replay_data`), as step rows."""
-  trajs, rewards = [x for x in _demos(workdir) if data.usable(x)], []
+  trajs = [x for x in _demos(workdir) if data.usable(x)]
   rewards = [float(x.success == 1.0) for x in trajs]
   for k in range(1, t):
     d = os.path.join(workdir, f"phase{k}")
@@ -301,7 +296,7 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
   adv = np.clip(v_next - v - 0.05 + reward + mc, -1.0, 1.0)  # rl.losses.webrl_advantage_code
   states, actions = rows["state"] + history["state"], rows["action"] + history["action"]
   items = [data.sample(f"s{i}", s, a) for i, (s, a) in enumerate(zip(states, actions))]
-  ref = scoring.score(_loaded(prev), items, **_scoring(config))
+  ref = scoring.score(load_policy(prev), items, **_scoring(config))
   n_now = len(rows["state"])
   ranks = replay.rank_scores(ref["logp"][n_now:], ref["tokens"][n_now:])
   replayed = replay.select(ranks, n_now, int(config.seed) + 30 + t, (float(config.replay.low),

@@ -5,7 +5,7 @@ The original asks GPT-4o for new tasks "in the same domain, more diverse, of sim
 failed ones per site, and gives them no evaluator (the ORM rewards them). `variations` is the offline generator:
 for each failed task, a task of the same template family with other parameters (another category, order,
 product, thread), drawn from the train pool, so each comes with its evaluator and the ORM's agreement with the
-programmatic judge can be measured on every phase. `critic_keep` is `filter_by_critic`: a task passes when
+programmatic judge can be measured on every phase. `critic.in_band` is `filter_by_critic`: a task passes when
 either critic head's success probability on its round-0 prompt (the intent over the site's start page) lies in
 [0.05, 0.75]; gen_task.py defines it but its `__main__` does not call it (`curriculum.critic_filter`).
 """

@@ -3,9 +3,9 @@
 Input (`scripts/process_data.py:rm_format`): the intent, every reply of the episode (newlines as "; "), and
 the HTML the agent saw before its last action, under the system prompt `agents.webrl.ORM_SYSTEM_PROMPT`; the
 system prompt and the user text form the one human turn of a sample rendered with the model's chat template
-(the original writes Llama-3's headers around them). Score: p = softmax(logit[YES], logit[NO])[YES] at the first
-reply token where the two answers differ; the label is 1[p ≥ 0.5]. It is trained, as the seeds' Llama-3.1-8B ORM, as a YES/NO generator
-(the reply's token NLL) on programmatically judged episodes.
+(the original writes Llama-3's headers around them). Score: p = softmax(logit[YES], logit[NO])[YES] at the
+first reply token where the two answers differ; the label is 1[p ≥ 0.5]. It is trained, as the seeds'
+Llama-3.1-8B ORM, as a YES/NO generator (the reply's token NLL) on programmatically judged episodes.
 """
 
 from __future__ import annotations

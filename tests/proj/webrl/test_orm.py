@@ -153,8 +153,8 @@ def test_agreement_without_verdicts_is_none():
 
 def test_near_misses_carry_a_siblings_solution_under_their_own_intent_and_evaluator():
   def task(i, template, intent):
-    return types.Task(id=f"t{i}", intent=intent, site="shop", start_url="http://x/", template=template, evaluator={"kind": "url_match", "url": intent},
-                oracle=[{"op": "answer", "text": intent}])
+    return types.Task(id=f"t{i}", intent=intent, site="shop", start_url="http://x/", template=template,
+                      evaluator={"kind": "url_match", "url": intent}, oracle=[{"op": "answer", "text": intent}])
   pool = [task(0, "a", "A0"), task(1, "a", "A1"), task(2, "a", "A2"), task(3, "b", "B0")]
   misses = orm.near_misses(pool, pool, seed=0)
   assert [m.id for m in misses] == ["t0", "t1", "t2"]  # t3 has no sibling: left out
