@@ -71,6 +71,19 @@ def table(per_seed: Mapping[int, dict], headline: dict) -> str:
   return "\n".join(lines)
 
 
+def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None) -> str:
+  """A recipe's closing table: per evaluated policy (`names`, default all), its success rate, episodes,
+  temperature and mean steps."""
+  names = list(results) if names is None else list(names)
+  width = max([len("policy")] + [len(n) for n in names]) + 1
+  rows = [f"{'policy':<{width}} success   episodes  temperature  mean steps"]
+  for name in names:
+    r = results[name]
+    rows.append(f"{name:<{width}} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
+                f"{r['mean_steps']:10.2f}")
+  return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------- HTML
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.models.critic import CriticConfig
-from jaxagent.pipeline import device
+from jaxagent.pipeline import device, report
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.stages import Stages, write_json, write_text
@@ -275,11 +275,7 @@ def held_out(config, workdir) -> bool:
 
 
 def results_table(results: dict) -> str:
-  rows = ["policy             success   episodes  temperature  mean steps"]
-  for name in ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"):
-    r = results[name]
-    rows.append(f"{name:<18} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
-                f"{r['mean_steps']:10.2f}")
+  rows = report.policy_table(results, ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor")).split("\n")
   if "rollouts" in results["behaviour"]:
     rows.append(f"(behaviour: scored on the {results['behaviour']['rollouts']}'s rollouts of these episodes)")
   rows.append(f"Digi-Q − IL: {results['digiq_minus_il'] * 100:+.1f} points; Digi-Q − Filtered BC: "

@@ -29,7 +29,7 @@ import numpy as np
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
-from jaxagent.pipeline import device, rollout
+from jaxagent.pipeline import device, report, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.stages import Stages, read_json, write_json
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
@@ -363,8 +363,4 @@ def stage_eval(config, workdir, out):
 
 
 def results_table(results: dict) -> str:
-  rows = ["policy              success   episodes  temperature  mean steps"]
-  for name, r in results.items():
-    rows.append(f"{name:<19} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
-                f"{r['mean_steps']:10.2f}")
-  return "\n".join(rows)
+  return report.policy_table(results)

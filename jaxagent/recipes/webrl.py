@@ -29,7 +29,7 @@ from jaxagent.agents.webrl import WebRL, current_html
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
-from jaxagent.pipeline import device, rollout, scoring
+from jaxagent.pipeline import device, report, rollout, scoring
 from jaxagent.pipeline import tasks as tasks_lib
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
@@ -346,8 +346,4 @@ def stage_eval(config, workdir, out):
 
 
 def results_table(results: dict) -> str:
-  rows = ["policy   success   episodes  temperature  mean steps"]
-  for name, r in results.items():
-    rows.append(f"{name:<8} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
-                f"{r['mean_steps']:10.2f}")
-  return "\n".join(rows)
+  return report.policy_table(results)
