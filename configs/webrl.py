@@ -88,7 +88,7 @@ def get_config(arg=None):
     c.sft.train.update(steps=3, batch_size=2)
     c.orm.update(episodes=3, near_misses=2)
     c.orm.train.update(steps=2, batch_size=2)
-    c.phases = 1
+    c.phases = 2  # phase 2 runs the critic filter
     c.curriculum.tasks = 2
     c.critic.train.update(steps=3, batch_size=4)
     c.actor.train.update(steps=2, batch_size=2)

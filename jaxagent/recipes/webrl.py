@@ -200,18 +200,16 @@ def run_phase(config, workdir: str, t: int) -> None:
     candidates = curriculum.variations(failed, pool, 2 * want if config.curriculum.critic_filter else want,
                                        int(config.seed) + 100 + t, f"p{t}.")
     kept, info = candidates[:want], {"failed_seeds": len(failed), "candidates": len(candidates)}
-    if config.curriculum.critic_filter:
+    if config.curriculum.critic_filter and t > 1:  # phase 1 has no trained critic to filter with
       pages = start_pages(workdir)
       prompts = [curriculum.round0_prompt(c.intent, pages.get(c.site, "")) for c in candidates]
       feats = _critic_features(config, workdir, prompts, os.path.join(out, "round0_feats.npy"))
-      prev = _previous_critic(config, workdir, t, feats.shape[-1])
-      if prev is not None:
-        band = critic_lib.in_band(*critic_lib.head_probs(prev, feats),
-                                  (float(config.curriculum.low), float(config.curriculum.high)))
-        passed = [c for c, ok in zip(candidates, band) if ok]
-        info["passed_filter"] = len(passed)
-        kept = passed[:want] if passed else kept  # none passing: the unfiltered draw, said in the summary
-        info["filter_applied"] = bool(passed)
+      band = critic_lib.in_band(*critic_lib.head_probs(_previous_critic(config, workdir, t, feats.shape[-1]), feats),
+                                (float(config.curriculum.low), float(config.curriculum.high)))
+      passed = [c for c, ok in zip(candidates, band) if ok]
+      info["passed_filter"] = len(passed)
+      kept = passed[:want] if passed else kept  # none passing: the unfiltered draw, said in the summary
+      info["filter_applied"] = bool(passed)
     tasks_lib.write_tasks(os.path.join(out, "tasks.jsonl"), kept)
     return {**info, "tasks": len(kept), "templates": sorted({c.template for c in kept})}
 

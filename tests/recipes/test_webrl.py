@@ -43,8 +43,11 @@ def test_killed_phase_resumes_without_redoing_episodes(pipeline):
   assert len(ids) == config.curriculum.tasks == len(set(ids))  # nothing lost, nothing run twice
   for stage in ("tasks", "sft", "orm", "eval"):
     assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
-  for part in ("curriculum", "rollouts", "labels", "critic", "actor"):
-    assert os.path.exists(os.path.join(workdir, "phase1", part, DONE)), part
+  for phase in ("phase1", "phase2"):
+    for part in ("curriculum", "rollouts", "labels", "critic", "actor"):
+      assert os.path.exists(os.path.join(workdir, phase, part, DONE)), (phase, part)
+  with open(os.path.join(workdir, "phase2", "curriculum", DONE)) as f:
+    assert "passed_filter" in json.load(f)  # phase 2 filtered its candidates with phase 1's critic
 
 
 @pytest.mark.slow
@@ -52,14 +55,14 @@ def test_results_compare_sft_and_each_phase_on_the_same_held_out_episodes(pipeli
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == results and list(saved) == ["sft", "phase1"]
+  assert saved == results and list(saved) == ["sft", "phase1", "phase2"]
   episodes = sorted(t.id for t in webrl.test_episodes(config, workdir))
   for name, r in saved.items():
     assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
     assert sorted(_ids(os.path.join(workdir, "eval", name))) == episodes
   test = device.suite(workdir, "test")
   test_ids, test_intents = {t.id for t in test}, {t.intent for t in test}
-  for store_dir in ("sft/demos", "orm/store", "phase1/rollouts/store"):
+  for store_dir in ("sft/demos", "orm/store", "orm/near_misses", "phase1/rollouts/store", "phase2/rollouts/store"):
     store = TrajectoryStore(os.path.join(workdir, store_dir))
     trajs = [store.read(i) for i in range(len(store))]
     assert trajs, store_dir
