@@ -48,8 +48,7 @@ def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma
       rows["mc_return"].append(float(g[k]))
       rows["task"].append(traj.task.intent)
       rows["index"].append((i, k))
-  out = {k: v for k, v in rows.items()}
   for k in ("reward", "mc_return"):
-    out[k] = np.asarray(out[k], np.float32)
-  out["index"] = np.asarray(out["index"], np.int32).reshape(-1, 2)
-  return out
+    rows[k] = np.asarray(rows[k], np.float32)
+  rows["index"] = np.asarray(rows["index"], np.int32).reshape(-1, 2)
+  return rows
