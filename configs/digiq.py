@@ -12,6 +12,10 @@ Behaviour, IL, Filtered BC and Digi-Q are evaluated on them; `--seeds=0,1,2` rep
 seed for the protocol's headline. `--config.demos.split=train_a` leaves part b undemonstrated (the IL start then
 solves 3 % of it). Figures and each departure from the original code: docs/results/digiq.md.
 
+`--config.model.kind=autoui`: the original's encoder-decoder actor (T5 over a frozen image encoder's pooled
+feature); the representation model is then a VLM of its own (`representation.hf_checkpoint`, else a tiny one from
+scratch), as the original pairs AutoUI with LLaVA.
+
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
   paper  Digi-Q's scale and hyper-parameters (§5.7): every device family, behaviour data on the train tasks,

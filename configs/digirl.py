@@ -18,6 +18,7 @@ Keys a researcher changes first:
              turns the seeds' released `.pt` files into one)
   judge.kind programmatic | llm (DigiRL's per-step evaluator prompt against any OpenAI-compatible endpoint)
   parse      faithful (a decision the original cannot unpack ends the episode) | lenient (it is a no-op)
+  model.kind vlm | autoui (the original's encoder-decoder actor: T5 over a frozen image encoder's pooled feature)
 
 Variants (`configs/digirl.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digirl.py`).
@@ -86,8 +87,10 @@ def get_config(arg=None):
   c.actor.il_weight = 1.0
 
   # Online phase (off2on, online): per iteration, `episodes` rollouts of the current actor on train tasks, then
-  # the critics and the actor continue training (the code: 16 episodes; 5, 5 and 20 steps).
-  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, capacity=2000))
+  # the critics and the actor continue training (the code: 16 episodes; 5, 5 and 20 steps). `max_lag` > 0 collects
+  # each iteration with the actor that many updates back, while the newer ones train (pipeline/async_collect.py;
+  # 0 = the code's alternation).
+  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, capacity=2000, max_lag=0))
   c.online.traj_critic = config_lib.stage(steps=50, batch_size=32, lr=1e-3, clip_norm=1.0, warmup_steps=0,
                                           end_lr_ratio=1.0)
   c.online.critic = config_lib.stage(steps=100, batch_size=64, lr=1e-3, clip_norm=1.0, warmup_steps=0,

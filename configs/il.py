@@ -10,6 +10,9 @@ Variants (`configs/il.py:<name>`):
   owv    OpenWebVoyager's IL stage at paper scale (§2.5: lr 1e-5 → 1e-6 cosine, warmup 9, 300 iterations of
          global batch 64, seq 8192, clip 1.0, Adam β=(0.9, 0.999), no weight decay) from a local HF checkpoint
          (`--config.model.hf_checkpoint=DIR`); needs accelerators.
+
+`--config.model.hf_checkpoint=DIR` also takes a Qwen2.5-VL directory, at a fixed resolution: every image resized to
+`data.image_size` rounded to a multiple of patch × merge (28 px), `(side / 28)²` tokens (`data/qwen_vl.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def get_config(arg=None):
   c.data.synthetic_episodes = 48
   c.data.tokenizer = ""  # "" = the default byte-level BPE built here; else a HF tokenizer directory
   c.data.seq_len = 384
-  c.data.image_size = 64  # pixels per side fed to the vision tower (patch 16: 16 image tokens per image)
+  c.data.image_size = 64  # pixels per side fed to the tower (patch 16: 16 image tokens; Qwen2.5-VL: rounded to 28k)
   c.data.max_images = 3  # OWV keeps ≤3 screenshots per sample (§2.2)
   c.data.num_threads = 2
 

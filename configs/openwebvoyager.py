@@ -71,7 +71,9 @@ def get_config(arg=None):
   # IL on 10 of the 16 train pairs; iteration 1 explores the other 6, iteration 2 wraps to 6 IL pairs.
   c.il = config_lib.stage(steps=250, batch_size=8, lr=3e-3)
   c.il.queries = 10
-  c.explore = ml_collections.ConfigDict(dict(queries=6, max_attempts=5, temperature=1.0))
+  # `max_lag` > 0: iteration k explores with the policy that many iterations older while k-1 trains
+  # and is evaluated (pipeline/async_collect.py; 0 = OWV's rule: the newest policy, one stage at a time).
+  c.explore = ml_collections.ConfigDict(dict(queries=6, max_attempts=5, temperature=1.0, max_lag=0))
   # Each optimisation iteration continues from the previous checkpoint for `steps` steps on the mix.
   c.optimize = config_lib.stage(steps=120, batch_size=8, lr=1e-3)
   # Data mixing (§2.4's knob): weight of the IL data, of each earlier iteration's data, of this iteration's.

@@ -62,6 +62,9 @@ def base_config(staged: bool = False) -> ml_collections.ConfigDict:
   c.distributed = False  # call jax.distributed.initialize() (multi-host)
   # Mesh over (data, fsdp, tensor); one axis may be -1 (= the remaining devices).
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # Mesh over this process's own devices that rollouts, scoring and evaluation run the policy on
+  # (`sharding.local_mesh`): one device by default; fsdp=-1 (or tensor=k) shards a model too large for one.
+  c.inference_mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 100
@@ -101,7 +104,9 @@ def base_config(staged: bool = False) -> ml_collections.ConfigDict:
 def vlm_model() -> ml_collections.ConfigDict:
   """`config.model` for the tiny VLM every CPU default trains (IL, Digi-Q, OpenWebVoyager).
 
-  `kind`: "vlm" | "decoder"; `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), a
+  `kind`: "vlm" | "decoder" | "autoui" (DigiRL's / Digi-Q's encoder-decoder actor: T5 sized by `decoder`'s
+  hidden_size, num_layers, num_heads, head_dim and intermediate_size, over a frozen ViT sized by `vision`);
+  `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), a
   `.gguf` file, or `smollm2` (SmolLM2-135M-Instruct, a real pretrained decoder available offline), "" =
   random init; `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
@@ -118,7 +123,10 @@ def env_block(workers: int) -> ml_collections.ConfigDict:
   """`config.env`, how rollouts run: `workers` browsers; a step or reset slower than its timeout (s) counts as a
   crash; an episode stored `errored` (its browser crashed on every retry) runs again when the rollout resumes,
   at most `errored_retries` more times, and is reported apart from failures."""
-  return ml_collections.ConfigDict(dict(workers=workers, step_timeout=120.0, reset_timeout=120.0, errored_retries=2))
+  return ml_collections.ConfigDict(dict(
+      workers=workers, step_timeout=120.0, reset_timeout=120.0, errored_retries=2,
+      # where the workers run: "subprocess" (this machine) | "ray" (Ray actors; "" = a local loopback instance)
+      backend="subprocess", ray_address=""))
 
 
 def stage(steps: int, batch_size: int, lr: float, **optim) -> ml_collections.ConfigDict:

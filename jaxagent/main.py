@@ -82,9 +82,31 @@ def init_distributed() -> None:
     kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                   process_id=int(os.environ["JAX_PROCESS_ID"]))
   bind = coordinator_bind_address()
+  if not bind and "JAX_COORDINATOR_BIND_ADDRESS" not in os.environ:  # JAX reads that one itself
+    bind = _slurm_coordinator_address()
   if bind:
     kwargs["coordinator_bind_address"] = bind
   jax.distributed.initialize(**kwargs)
+
+
+def _slurm_coordinator_address() -> str | None:
+  """Under SLURM (when JAX's auto-detection will pick it), the address JAX derives for the coordinator: the
+  step's first node, where task 0 runs, on the port from the job id (or JAX_COORDINATOR_PORT). Process 0's
+  coordinator binds that name, not JAX's default of every interface (`[::]:port`). None elsewhere."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top  # JAX's own detection, same answer
+    slurm = clusters.SlurmCluster
+  except (ImportError, AttributeError):
+    return None
+  for env in clusters.ClusterEnv._cluster_types:  # pylint: disable=protected-access  # JAX's order
+    if env is slurm:
+      break
+    if not env.opt_in_only_method and env.is_env_present():
+      return None  # JAX takes that environment (Open MPI) first
+  if not slurm.is_env_present():
+    return None
+  return slurm.get_coordinator_address(timeout_secs=None,
+                                       override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT"))
 
 
 def main(argv):

@@ -69,10 +69,10 @@ class ModelPolicy:
   def __init__(self, engine, agent_format: str | AgentFormat, *, temperature: float = 1.0, top_p: float = 1.0,
                top_k: int = 0, max_tokens: int = 256, stop: Sequence[str] = (), max_batch: int = 64):
     from jaxagent.serving.checkpoint import LoadedPolicy  # pylint: disable=g-import-not-at-top
-    from jaxagent.serving.engine import Engine  # pylint: disable=g-import-not-at-top
+    from jaxagent.serving.qwen_engine import engine_for  # pylint: disable=g-import-not-at-top
 
     if isinstance(engine, LoadedPolicy):
-      engine = Engine(engine, max_batch=max_batch, max_new_tokens=max(max_tokens, 16))
+      engine = engine_for(engine, max_batch=max_batch, max_new_tokens=max(max_tokens, 16))
     self.engine = engine
     self.fmt = _format(agent_format)
     self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, stop=tuple(stop))

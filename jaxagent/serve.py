@@ -499,18 +499,42 @@ class RunningServer:
 
 def build(checkpoint: str, *, max_batch: int = 8, max_new_tokens: int = 512, max_prompt_tokens: int | None = None,
           cache_len: int | None = None, limits: Limits = Limits(), allow_pickle: bool = False,
-          served_model_name: str = "", seed: int = 0):
+          served_model_name: str = "", seed: int = 0, mesh: dict | None = None):
   """(app, engine) for the policy at `checkpoint` (anything `serving.checkpoint.load_policy` reads: a recipe
-  workdir's stage, a training workdir or step, an export, a HF directory, a .gguf file, `smollm2`)."""
+  workdir's stage, a training workdir or step, an export, a HF directory, a .gguf file, `smollm2`), on one device
+  or, with `mesh` (e.g. {"fsdp": 4, "tensor": 2}), sharded over this host's devices."""
+  from jaxagent import sharding  # pylint: disable=g-import-not-at-top
   from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
 
-  policy = load_policy(checkpoint)
+  policy = load_policy(checkpoint, mesh=sharding.local_mesh(mesh) if mesh else None)
+  if policy.kind == "autoui":
+    raise ValueError(f"--checkpoint {checkpoint} is an AutoUI (encoder-decoder) policy, which the server does not "
+                     "run; act with it through pipeline.seq2seq_policy.Seq2SeqPolicy (the device recipes' actors)")
+  from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+  if qwen_vl.is_qwen(policy):
+    raise ValueError(f"--checkpoint {checkpoint} is a Qwen2.5-VL policy, which the continuous-batching server does "
+                     "not run (M-RoPE positions); act with it through pipeline.policy.VLMPolicy (the recipes' actors)")
   # The cache holds max_batch × (prompt + new tokens) slots: a long-context model's whole context would not fit.
   max_prompt_tokens = max_prompt_tokens or min(policy.context_length, 4096)
   engine = Engine(policy, max_batch=max_batch, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                   seed=seed)
   continuous = ContinuousEngine(engine, cache_len=cache_len, seed=seed)
   return create_app(continuous, served_model_name or policy.name, limits=limits, allow_pickle=allow_pickle), continuous
+
+
+def parse_mesh(text: str, parser=None) -> dict[str, int]:
+  """`--mesh fsdp=4,tensor=2` -> {"fsdp": 4, "tensor": 2}; a malformed entry is a usage error naming it."""
+  from jaxagent.sharding import MESH_AXES  # pylint: disable=g-import-not-at-top
+  out = {}
+  for part in filter(None, (x.strip() for x in text.split(","))):
+    axis, _, size = part.partition("=")
+    if axis not in MESH_AXES or not size.lstrip("-").isdigit():
+      message = f"--mesh {text!r}: {part!r} is not AXIS=SIZE with AXIS one of {MESH_AXES}"
+      if parser is None:
+        raise ValueError(message)
+      parser.error(message)
+    out[axis] = int(size)
+  return out
 
 
 def main(argv=None) -> None:
@@ -529,13 +553,16 @@ def main(argv=None) -> None:
                  help="default: the model's context length, at most 4096")
   p.add_argument("--max-images", type=int, default=Limits.max_images, help="images per request")
   p.add_argument("--max-request-mb", type=float, default=Limits.max_request_bytes / 2**20)
+  p.add_argument("--mesh", default="",
+                 help="shard the model over this host's devices, e.g. fsdp=4,tensor=2 or fsdp=-1 (default: one device)")
   p.add_argument("--allow-pickle", action="store_true",
                  help="accept /predict's pickled images (runs client-supplied code: trusted clients only)")
   args = p.parse_args(argv)
   limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_images=args.max_images)
+  mesh = parse_mesh(args.mesh, p)
   app, batcher = build(args.checkpoint, max_batch=args.max_batch, cache_len=args.cache_len,
                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, limits=limits,
-                       allow_pickle=args.allow_pickle, served_model_name=args.served_model_name)
+                       allow_pickle=args.allow_pickle, served_model_name=args.served_model_name, mesh=mesh)
   import uvicorn  # pylint: disable=g-import-not-at-top
   print(f"serving {args.checkpoint} at http://{args.host}:{args.port}/v1", flush=True)
   try:

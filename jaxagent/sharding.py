@@ -159,3 +159,26 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=None) -> NamedSharding:
   """Sharding of a host batch: leading axis over the data-parallel axes, the rest replicated."""
   spec = logical_to_spec(("batch",) + (None,) * (ndim - 1), None, None, rules)
   return NamedSharding(mesh, spec)
+
+
+def local_mesh(shape: Mapping[str, int] | None = None) -> Mesh:
+  """A mesh over this process's own devices, for inference (rollouts, scoring, serving): each process acts on
+  its own episodes, so its policy must not need the other processes in every forward pass. `shape` as in
+  `make_mesh`; with no -1 axis, the first prod(shape) local devices ({} = one device)."""
+  shape = dict(shape or {})
+  devices = jax.local_devices()
+  if -1 not in shape.values():
+    need = math.prod(int(shape.get(a, 1)) for a in MESH_AXES)
+    if need > len(devices):
+      raise ValueError(f"inference mesh {shape} needs {need} devices but this process has {len(devices)}; "
+                       "fix the sampling mesh (e.g. --config.sampling.mesh.fsdp=-1 for all local devices)")
+    devices = devices[:need]
+  return make_mesh({a: int(shape.get(a, 1)) for a in MESH_AXES}, devices=devices)
+
+
+def place(module: nnx.Module, mesh: Mesh, rules=None) -> nnx.Module:
+  """`module` with every parameter laid out over `mesh` by its `logical_axes` (FSDP / tensor parallel): a model
+  larger than one device runs in jit-compiled inference, XLA inserting the collectives."""
+  graphdef, state = nnx.split(module)
+  state = jax.device_put(state, state_shardings(state, mesh, rules))
+  return nnx.merge(graphdef, state)

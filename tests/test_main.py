@@ -72,3 +72,39 @@ def test_the_jax_coordinator_listens_on_the_address_it_is_given_not_every_interf
   import ipaddress
   ips = [ipaddress.ip_address(ip) for ip in ast.literal_eval(out.stdout.strip().splitlines()[-1])]
   assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), ips  # not [::] / 0.0.0.0
+
+
+_SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[001-004],other7", "SLURM_NTASKS": "16",
+               "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}
+
+
+def test_under_slurm_the_coordinator_binds_the_address_jax_derives(monkeypatch):
+  for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))] + ["JAX_COORDINATOR_PORT"]:
+    monkeypatch.delenv(k, raising=False)
+  assert main._slurm_coordinator_address() is None  # not under SLURM: JAX's choice
+  for k, v in _SLURM_TASK.items():
+    monkeypatch.setenv(k, v)
+  assert main._slurm_coordinator_address() == f"node001:{4242 % 4096 + 61440}"  # JAX's port from the job id
+  monkeypatch.setenv("JAX_COORDINATOR_PORT", "12345")
+  assert main._slurm_coordinator_address() == "node001:12345"
+  monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "x")  # srun of an Open MPI program: JAX detects Open MPI first
+  assert main._slurm_coordinator_address() is None
+
+
+def test_the_slurm_coordinator_listens_on_the_first_node_only_not_every_interface():
+  import ast
+  import ipaddress
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR",
+                                                                  "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"))}
+  env.pop("JAXAGENT_COORDINATOR_BIND", None)
+  env.update({**_SLURM_TASK, "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+              "SLURM_LOCALID": "0", "JAX_COORDINATOR_PORT": str(port), "JAX_PLATFORMS": "cpu"})
+  out = subprocess.run([sys.executable, "-c", _COORDINATOR_PROBE, str(port)], env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  ips = [ipaddress.ip_address(ip) for ip in ast.literal_eval(out.stdout.strip().splitlines()[-1])]
+  assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), ips  # not [::]

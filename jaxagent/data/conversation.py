@@ -8,7 +8,9 @@ ChatML, ...) through `apply_chat_template`; acting and serving render the same b
 The text is tokenised once, and the loss mask comes from character offsets: a token carries loss iff it lies
 in an assistant turn's content or its closing marker (`<end_of_utterance>`, `<|im_end|>`, `</s>`, ...)
 (Megatron's `get_answer_mask`, §2.5). Each `<image>` then expands to `num_image_tokens` image-token ids, which
-never carry loss.
+never carry loss. A checkpoint whose template writes its own image token (Qwen2-VL's `<|image_pad|>` between
+`<|vision_start|>` and `<|vision_end|>`, `template_image_token`) gets its `<image>` markers as image parts, and
+that token is the one expanded.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 from jaxagent.data.tokenizer import CHAT_TEMPLATE, END_OF_UTTERANCE, IMAGE_TOKEN
 
 ROLES = {"human": "user", "gpt": "assistant"}
+# Image tokens a checkpoint's chat template writes itself for an image part (Qwen2-VL, Qwen2.5-VL).
+TEMPLATE_IMAGE_TOKENS = ("<|image_pad|>",)
 
 
 class ConversationError(ValueError):
@@ -99,6 +103,28 @@ def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
   return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def _has_token(tokenizer, token: str) -> bool:
+  return tokenizer.convert_tokens_to_ids(token) not in (None, tokenizer.unk_token_id)
+
+
+def template_image_token(tokenizer) -> str | None:
+  """The image token a checkpoint's chat template writes for an image part, for a tokenizer without `<image>`
+  (Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`); None otherwise. Samples' `<image>` markers are
+  then rendered as image parts, and each such token expands to the image's tokens."""
+  if own_template(tokenizer) or _has_token(tokenizer, IMAGE_TOKEN):
+    return None
+  try:
+    text = _apply(tokenizer, [{"role": "user", "content": [{"type": "image"}]}], False)
+  except Exception:  # pylint: disable=broad-except  # a text template that cannot iterate parts
+    return None
+  return next((t for t in TEMPLATE_IMAGE_TOKENS if t in text and _has_token(tokenizer, t)), None)
+
+
+def image_token_id(tokenizer) -> int | None:
+  """The id each image placeholder is written as: `<image>`'s, or the template's own image token's."""
+  return tokenizer.convert_tokens_to_ids(template_image_token(tokenizer) or IMAGE_TOKEN)
+
+
 def to_parts(value: str) -> list[dict]:
   """A turn's value as OpenAI/HF content parts: `<image>` (and the newline after it) an image part, the rest
   text parts (the inverse of `from_messages`' join)."""
@@ -113,7 +139,10 @@ def to_parts(value: str) -> list[dict]:
 
 def template_messages(conversations: list[dict], tokenizer) -> list[dict]:
   """HF chat messages in the form the tokenizer's template reads: string contents (text templates: ChatML,
-  Llama-3, ...) or content parts (processor templates that iterate `message['content']`: LLaVA's, idefics2's)."""
+  Llama-3, ...) or content parts (processor templates that iterate `message['content']`: LLaVA's, idefics2's, and
+  Qwen2-VL's, which reads both but writes its image token only for a part)."""
+  if template_image_token(tokenizer):
+    return [{"role": ROLES[t["from"]], "content": to_parts(t["value"])} for t in conversations]
   probe = [{"role": "user", "content": "probe-text"}]
   try:
     reads_strings = "probe-text" in _apply(tokenizer, probe, False)
@@ -208,7 +237,7 @@ def tokenize(item: dict, tokenizer, num_image_tokens: int,
   loss = np.zeros(len(ids), np.int32)
   for s, e in spans:
     loss |= (starts >= s) & (starts < e)
-  image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+  image_id = image_token_id(tokenizer)
   if image_id in (None, tokenizer.unk_token_id) and num_image_tokens == 1:
     return ids, loss  # a text decoder's own tokenizer: `<image>` stays plain text, as the images are not seen
   is_image = ids == image_id
@@ -229,7 +258,7 @@ def encode(item: dict, tokenizer, seq_len: int, num_image_tokens: int, image_wra
   cut is dropped whole (with its tokens), so image tokens always come in complete blocks.
   """
   ids, loss = tokenize(item, tokenizer, num_image_tokens, image_wrap_id)
-  image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+  image_id = image_token_id(tokenizer)
   n_images = len(item["images"])
   if len(ids) > seq_len + 1:
     ids, loss = ids[:seq_len + 1], loss[:seq_len + 1]

@@ -14,7 +14,7 @@ import grain
 import jax
 import numpy as np
 
-from jaxagent.data import conversation
+from jaxagent.data import conversation, qwen_vl
 
 # Per-sample scalars a sample may carry into its batch: a loss weight (weighted regression), and WebRL's
 # advantage and reference log-probability (`train.losses.webrl_actor_loss`).
@@ -37,6 +37,8 @@ class EncodeSample:
 
   Images: `images` [max_images, S, S, 3] (the sample's images first, zero padding after) and `image_mask`
   [max_images]; a VLM loss compacts them into the flat order the model merges (`train.losses.flat_images`).
+  Qwen2.5-VL (`preprocess` a `qwen_vl.QwenImages`): `patches` [max_images, g², D] and `positions` [3, seq_len]
+  (M-RoPE) instead of `images`.
   """
   tokenizer: object
   seq_len: int
@@ -53,10 +55,14 @@ class EncodeSample:
       if n_images > self.max_images:
         raise conversation.ConversationError(
             f"sample {item['id']!r}: {n_images} images but data.max_images={self.max_images}; raise it")
-      images = np.zeros((self.max_images, self.image_size, self.image_size, 3), np.float32)
-      images[:n_images] = load_images(item["images"][:n_images], self.preprocess)
-      out["images"] = images
-      out["image_mask"] = np.arange(self.max_images) < n_images
+      pixels = load_images(item["images"][:n_images], self.preprocess)
+      if isinstance(self.preprocess, qwen_vl.QwenImages):  # patches and M-RoPE positions instead of images
+        out.update(self.preprocess.sample_arrays(pixels, out["input_ids"], out["attention_mask"], self.max_images))
+      else:
+        images = np.zeros((self.max_images, self.image_size, self.image_size, 3), np.float32)
+        images[:n_images] = pixels
+        out["images"] = images
+        out["image_mask"] = np.arange(self.max_images) < n_images
     for key in SCALAR_FIELDS:  # absent: plain SFT
       if key in item:
         out[key] = np.float32(item[key])

@@ -89,7 +89,8 @@ def load_tokenizer(path: str | None = None, *, require_image_token: bool = True)
     path = default_tokenizer_dir()
   tok = AutoTokenizer.from_pretrained(gguf.checkpoint_dir(path))
   missing = [t for t in (IMAGE_TOKEN,) if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
-  if missing and require_image_token:
+  from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
+  if missing and require_image_token and not conversation.template_image_token(tok):  # Qwen2-VL writes its own
     raise ValueError(f"tokenizer at {path} has no {missing} token; the IL pipeline needs it for image "
                      "placeholders (add it as a special token)")
   if tok.chat_template is None:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from flax import nnx
 
-MODEL_KINDS = ("vlm", "decoder")
+MODEL_KINDS = ("vlm", "decoder", "autoui")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,13 +23,14 @@ class BuiltModel:
   starts from it; a resumed one restores its own checkpoint instead).
   """
 
-  kind: str  # "vlm" | "decoder"
+  kind: str  # "vlm" | "decoder" | "autoui"
   init: Callable[[], nnx.Module]
   flops_per_token: float  # analytic training FLOPs per text token, for MFU
   num_image_tokens: int = 1  # image-token ids each <image> expands to (1 for a decoder: a plain token)
   preprocess: object = None  # models.vit.ImagePreprocessing (VLMs); None: text only
   pretrained: Callable[[], nnx.Module] | None = None
   image_wrap_id: int | None = None  # idefics2's <fake_token_around_image> around each image's tokens
+  trainable: object = nnx.Param  # the NNX filter of what the optimizer trains (AutoUI: all but its frozen encoder)
 
   @property
   def image_size(self) -> int:
@@ -50,6 +51,8 @@ def build(config, tokenizer) -> BuiltModel:
   mcfg, seq_len = config.model, int(config.data.seq_len)
   if mcfg.kind not in MODEL_KINDS:
     raise ValueError(f"config.model.kind={mcfg.kind!r}; use one of {MODEL_KINDS}")
+  if mcfg.kind == "autoui":
+    return _autoui(config, tokenizer)
   if mcfg.hf_checkpoint:
     return _from_hf(config)
   dcfg = llama.DecoderConfig.tiny(**{
@@ -80,6 +83,8 @@ def _from_hf(config) -> BuiltModel:
                      f"checkpoint but config.model.hf_family={family!r}; point it at a {family} directory (or set "
                      "hf_family='' to accept any)")
   mesh = lambda: sharding.make_mesh(dict(config.mesh))
+  if hf.get("model_type") == "qwen2_5_vl":
+    return _qwen2_5_vl(config, path, mesh)
   if config.model.kind == "decoder":
     dcfg = llama.DecoderConfig.from_hf(hf)
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, 0), flops.decoder_flops_per_token(dcfg, seq_len),
@@ -89,6 +94,79 @@ def _from_hf(config) -> BuiltModel:
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, 0), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True),
                     pretrained=lambda: lib.load_pretrained(path, mesh())[0], image_wrap_id=vcfg.image_wrap_token_id)
+
+
+def _qwen2_5_vl(config, path: str, mesh) -> BuiltModel:
+  """`_from_hf` for a Qwen2.5-VL directory: images at one fixed side, `config.data.image_size` rounded to a multiple
+  of patch × merge (`data.qwen_vl`; native dynamic resolution is not supported)."""
+  from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+  from jaxagent.models import qwen2_vl  # pylint: disable=g-import-not-at-top
+  from jaxagent.models.hf import qwen2_vl as hf_qwen2_vl  # pylint: disable=g-import-not-at-top
+  if config.model.kind != "vlm":
+    raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a Qwen2.5-VL checkpoint but "
+                     f"config.model.kind={config.model.kind!r}; set config.model.kind='vlm'")
+  qcfg = hf_qwen2_vl.config_from_dir(path)
+  images = qwen_vl.QwenImages.from_dir(path, qcfg, int(config.data.image_size))
+  flops_per_token = qwen_vl.flops_per_token(qcfg, images, int(config.data.seq_len), int(config.data.max_images))
+  return BuiltModel("vlm", lambda: qwen2_vl.Qwen2VL(qcfg, rngs=nnx.Rngs(0)), flops_per_token, images.tokens_per_image,
+                    images, pretrained=lambda: hf_qwen2_vl.load_pretrained(path, mesh())[0])
+
+
+_T5_SIZES = {"hidden_size": "d_model", "num_layers": ("num_layers", "num_decoder_layers"), "num_heads": "num_heads",
+             "head_dim": "d_kv", "intermediate_size": "d_ff"}
+
+
+def _autoui(config, tokenizer) -> BuiltModel:
+  """`build` for kind "autoui": DigiRL's encoder-decoder actor (`models.autoui.ScreenAutoUI`) over a frozen ViT.
+
+  Tiny T5 sizes come from `config.model.decoder` (hidden_size -> d_model, num_layers -> encoder and decoder
+  layers, head_dim -> d_kv, intermediate_size -> d_ff; num_kv_heads has no T5 meaning); the frozen tower from
+  `config.model.vision` over `config.data.image_size`, its width being AutoUI's `img_dim`. `hf_checkpoint`: an
+  AutoUI (`T5ForMultimodalGeneration`) directory, whose `img_dim` the tower then takes as its width. FLOPs: 6 x the
+  trained parameters per encoder token (the decoder's shorter targets ride on that count) plus the frozen tower's
+  forward pass per image."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxagent.models import autoui, flops, t5, vit  # pylint: disable=g-import-not-at-top
+  mcfg, seed = config.model, int(config.seed)
+  vision = dict(mcfg.vision)
+  if mcfg.hf_checkpoint:
+    from jaxagent.models.hf import autoui as hf_autoui, gguf  # pylint: disable=g-import-not-at-top
+    path = gguf.checkpoint_dir(mcfg.hf_checkpoint)
+    acfg = hf_autoui.config_from_dir(path)
+    if vision.get("width", acfg.img_dim) != acfg.img_dim:
+      raise ValueError(f"config.model.vision.width={vision['width']} but {mcfg.hf_checkpoint} reads "
+                       f"{acfg.img_dim}-wide image features; drop the override")
+    vision["width"] = acfg.img_dim
+  else:
+    sizes = {}
+    for key, value in dict(mcfg.decoder).items():
+      if key != "num_kv_heads":
+        if key not in _T5_SIZES:
+          raise ValueError(f"config.model.decoder.{key} has no T5 counterpart for model.kind=autoui; use "
+                           f"{sorted(_T5_SIZES)}")
+        for field in (_T5_SIZES[key],) if isinstance(_T5_SIZES[key], str) else _T5_SIZES[key]:
+          sizes[field] = int(value)
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    text = t5.T5Config(**{"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2, "num_decoder_layers": 2,
+                          "num_heads": 4, **sizes, "vocab_size": _round_up(len(tokenizer)), "pad_token_id": pad,
+                          "eos_token_id": int(tokenizer.eos_token_id), "decoder_start_token_id": pad})
+    acfg = autoui.AutoUIConfig(text=text, img_dim=int(vision.get("width", vit.ViTConfig.tiny().width)))
+  vcfg = vit.ViTConfig.tiny("clip", **{"image_size": int(config.data.image_size), **vision})
+  init = lambda: autoui.init_screen_autoui(acfg, vcfg, seed)
+  params = nnx.state(nnx.eval_shape(init), autoui.ScreenAutoUI.TRAINABLE)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  per_token = 6.0 * n_params + flops.vit_flops_per_image(vcfg, training=False) / int(config.data.seq_len)
+  pretrained = None
+  if mcfg.hf_checkpoint:
+
+    def pretrained():
+      from jaxagent import sharding  # pylint: disable=g-import-not-at-top
+      model = init()
+      model.autoui = hf_autoui.load_pretrained(path, sharding.make_mesh(dict(config.mesh)))[0]
+      return model
+
+  return BuiltModel("autoui", init, per_token, 1, vit.ImagePreprocessing.for_tower(vcfg, pad_to_square=True),
+                    pretrained=pretrained, trainable=autoui.ScreenAutoUI.TRAINABLE)
 
 
 def _vlm_flops(vcfg, config) -> float:

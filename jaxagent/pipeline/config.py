@@ -13,6 +13,7 @@ import os
 from typing import Mapping, Sequence
 
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
+COUNT_KEYS = ("max_lag",)  # config keys (last component) holding a count: an int >= 0
 
 
 class ConfigError(ValueError):
@@ -53,7 +54,7 @@ def _leaves(config, prefix: str = ""):
 def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[str, Sequence[str]] = ()) -> None:
   """Refuses, naming the key: a value of `choices[key]` outside its allowed values, a comma-separated value of
   `lists[key]` with a name outside its allowed names (or none), a required key left unset (None: a variant's
-  placeholder), and a local path (`PATH_KEYS`) that does not exist."""
+  placeholder), a count (`COUNT_KEYS`) below 0, and a local path (`PATH_KEYS`) that does not exist."""
   choices, lists = dict(choices), dict(lists)
   for key, allowed in choices.items():
     value = _get(config, key)
@@ -69,6 +70,8 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
     if value is None:
       raise ConfigError(f"config.{key} is required here (this variant has no default for it); "
                         f"set --config.{key}=...")
+    if key.rsplit(".", 1)[-1] in COUNT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+      raise ConfigError(f"config.{key}={value!r}: must be a whole number >= 0; set --config.{key}=0 (or more)")
     named = value in ("default", "smollm2") if key.rsplit(".", 1)[-1] == "hf_checkpoint" else value == "default"
     if key.rsplit(".", 1)[-1] in PATH_KEYS and value and not named and not os.path.exists(value):
       raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "

@@ -9,6 +9,9 @@
                run it: a decision the original's split cannot unpack is TaskImpossible and ends the episode (§4.3)
   il           the scripted expert's demonstrations on the train tasks → the VLM fine-tuned on their successful
                steps (both recipes start from this actor, as the seeds start from AutoUI's SFT checkpoint)
+  autoui       `config.model.kind=autoui`: the actor is the original's encoder-decoder instead, trained on the same
+               samples (`data.seq2seq`) and acting through `pipeline.seq2seq_policy` (`load_actor` picks by the
+               workdir's model kind)
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import rollout as rollout_lib
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import load_vlm_policy
+from jaxagent.pipeline.policy import VLMPolicy, inference_mesh
+from jaxagent.pipeline.seq2seq_policy import Seq2SeqPolicy
 from jaxagent.pipeline.stages import save_png
 from jaxagent.pipeline import tasks as tasks_lib
+from jaxagent.serving.checkpoint import load_policy
 from jaxagent.pipeline.tasks import draw_episodes, errored_count, read_tasks, success_rate
 
 FORMAT = autoui.AutoUI()
@@ -101,8 +106,13 @@ def prompt_fn(observation: types.Observation, history: Sequence[types.Step]) -> 
 
 
 def load_actor(config, model_dir: str, temperature: float, seed: int, parse: str = "lenient"):
-  """The VLM trained in `model_dir` acting in AutoUI format, parsing its replies `parse`-ly (`PARSERS`)."""
-  return load_vlm_policy(model_dir, config, PARSERS[parse], prompt_fn, temperature, seed)
+  """The actor trained in `model_dir` acting in AutoUI format, parsing its replies `parse`-ly (`PARSERS`): a VLM
+  through the serving engine (`VLMPolicy`), or, when that workdir's model kind is autoui, the original's
+  encoder-decoder (`Seq2SeqPolicy`)."""
+  loaded = load_policy(model_dir, mesh=inference_mesh(config))
+  policy = Seq2SeqPolicy if loaded.kind == "autoui" else VLMPolicy
+  return policy(loaded, PARSERS[parse], prompt_fn, temperature=temperature, max_tokens=int(config.sampling.max_tokens),
+                max_batch=int(config.sampling.max_batch), seed=seed)
 
 
 def sample(sample_id: str, image_path: str, prompt: str, answer: str, weight: float = 1.0) -> dict:
@@ -149,9 +159,10 @@ def _pooled_image_features(model, images):
 
 
 def screen_features(loaded, screens: Sequence[np.ndarray], batch: int = 32) -> np.ndarray:
-  """[len(screens), D] the VLM's projected vision features of each 1/4 screenshot, mean-pooled: the frozen image
-  features the seeds' critics read (BLIP-2's pooled ViT-g of the screen, §4.2, §5.3). Fixed-size batches (one
-  compilation); `loaded`: a `serving.checkpoint.LoadedPolicy`."""
+  """[len(screens), D] the VLM's projected vision features of each 1/4 screenshot (an AutoUI actor's: its frozen
+  encoder's, as the originals' critics and actor share BLIP-2), mean-pooled: the frozen image features the seeds'
+  critics read (BLIP-2's pooled ViT-g of the screen, §4.2, §5.3). Fixed-size batches (one compilation); `loaded`:
+  a `serving.checkpoint.LoadedPolicy`."""
   out = []
   for start in range(0, len(screens), batch):
     chunk = [downscale(s) for s in screens[start:start + batch]]
@@ -159,16 +170,21 @@ def screen_features(loaded, screens: Sequence[np.ndarray], batch: int = 32) -> n
     full = np.zeros((batch,) + pix.shape[1:], np.float32)
     full[:len(chunk)] = pix
     out.append(np.asarray(_pooled_image_features(loaded.model, full))[:len(chunk)])
-  return np.concatenate(out) if out else np.zeros((0, int(loaded.model.config.text.hidden_size)), np.float32)
+  if out:
+    return np.concatenate(out)
+  cfg = loaded.model.config
+  return np.zeros((0, int(cfg.img_dim if loaded.kind == "autoui" else cfg.text.hidden_size)), np.float32)
 
 
 # ---------------------------------------------------------------------------------------- IL stage
 
 
-def rollout(config, spec, policy, tasks, store_dir, name, *, gamma: float, judge=None) -> list[types.Trajectory]:
-  """`pipeline.rollout.rollout` with the recipe's env block, judge (programmatic unless given) and progress bar."""
+def rollout(config, spec, policy, tasks, store_dir, name, *, gamma: float, judge=None,
+            meta: dict | None = None) -> list[types.Trajectory]:
+  """`pipeline.rollout.rollout` with the recipe's env block, judge (programmatic unless given) and progress bar;
+  `meta` goes into every new trajectory's meta."""
   return rollout_lib.rollout(spec, config.env, policy, tasks, store_dir, judge=judge or ProgrammaticJudge(),
-                             name=name, gamma=gamma, progress=bool(config.train.progress_bar))
+                             name=name, gamma=gamma, progress=bool(config.train.progress_bar), meta=meta)
 
 
 def demo_samples(workdir: str) -> list[dict]:

@@ -2,7 +2,9 @@
 
 Every supervised stage of every recipe trains here (IL, OpenWebVoyager's iterations, Digi-Q's IL actor,
 representation model and Best-of-N actor, DigiRL's and WebRL's actors): only the samples, their weights and the
-stage config differ. The workdir is self-contained: `config.json` (the stage's config), `tokenizer/`,
+stage config differ. An AutoUI model (`config.model.kind="autoui"`) trains on the same samples encoded for its
+encoder and decoder (`data.seq2seq`), its image encoder frozen (`BuiltModel.trainable`). The workdir is
+self-contained: `config.json` (the stage's config), `tokenizer/`,
 `checkpoints/` (Orbax; a rerun resumes), TensorBoard events and `metrics.jsonl`, so `serving.load_policy(workdir)`
 and `python -m jaxagent.serve --checkpoint workdir` load it as it is.
 """
@@ -17,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import models
-from jaxagent.data import conversation, pipeline
+from jaxagent.data import conversation, pipeline, seq2seq
 from jaxagent.data.tokenizer import load_tokenizer
 from jaxagent.pipeline.stages import write_text
 from jaxagent.serving.checkpoint import load_policy
@@ -79,13 +81,11 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   present = {key for key in pipeline.SCALAR_FIELDS if any(key in x for x in items)}
   items = [conversation.validate(x) | _scalars(x, present) for x in items]
   built = models.build(config, tokenizer)
-  longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens, built.image_wrap_id)[0]) for it in items)
-  if longest > config.data.seq_len + 1 and not truncate:
-    raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
-                     f"raise --config.data.seq_len to at least {longest}")
-  seq_len = min(int(config.data.seq_len), -(-(longest - 1) // pad_to) * pad_to)
-  encode = pipeline.EncodeSample(tokenizer, seq_len, built.num_image_tokens, built.preprocess, built.image_size,
-                                 int(config.data.max_images), built.image_wrap_id)
+  if built.kind == "autoui":  # an encoder-decoder: prompt → encoder, reply → decoder targets (`data.seq2seq`)
+    encode = seq2seq.EncodeSeq2Seq.fit(items, tokenizer, built.preprocess, built.image_size,
+                                       int(config.data.seq_len), pad_to, truncate)
+  else:
+    encode = _encode_decoder_only(config, built, tokenizer, items, pad_to, truncate)
   ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
   pretrained: Callable[[], nnx.Module] | None = built.pretrained
   if init_from:
@@ -94,10 +94,28 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   def on_start(writer, ts):
     del ts
     arrays = encode(items[0])
+    if built.kind == "autoui":
+      writer.write_texts(0, {"data/first_sample_loss_marked": seq2seq.preview(tokenizer, arrays)})
+      writer.write_images(0, {"data/first_sample_images": arrays["images"][None]})
+      return
     writer.write_texts(0, {"data/first_sample_loss_marked": _preview(tokenizer, arrays)})
     if "images" in arrays:
       writer.write_images(0, {"data/first_sample_images": arrays["images"][arrays["image_mask"]]})
 
   return loop.train(config, workdir, model_fn=built.init, loss_fn=loss, dataset=ds,
                     flops_per_token=built.flops_per_token, on_start=on_start,
-                    read_options=pipeline.read_options(int(config.data.num_threads)), pretrained=pretrained)
+                    read_options=pipeline.read_options(int(config.data.num_threads)), pretrained=pretrained,
+                    wrt=built.trainable)
+
+
+def _encode_decoder_only(config, built, tokenizer, items: list[dict], pad_to: int,
+                         truncate: bool) -> pipeline.EncodeSample:
+  """The decoder-only (VLM / decoder) encoding, its length the longest sample's rounded up to `pad_to`."""
+  longest = max(len(conversation.tokenize(it, tokenizer, built.num_image_tokens, built.image_wrap_id)[0])
+                for it in items)
+  if longest > config.data.seq_len + 1 and not truncate:
+    raise ValueError(f"a training sample has {longest} tokens but config.data.seq_len={config.data.seq_len}; "
+                     f"raise --config.data.seq_len to at least {longest}")
+  seq_len = min(int(config.data.seq_len), -(-(longest - 1) // pad_to) * pad_to)
+  return pipeline.EncodeSample(tokenizer, seq_len, built.num_image_tokens, built.preprocess, built.image_size,
+                               int(config.data.max_images), built.image_wrap_id)

@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 from jaxagent import types
 from jaxagent.data import conversation
 from jaxagent.serving.checkpoint import LoadedPolicy, load_policy
-from jaxagent.serving.engine import Engine, GenerationRequest, RequestError
+from jaxagent.serving.engine import GenerationRequest, RequestError
+from jaxagent.serving.qwen_engine import engine_for
 
 # (observation, history) -> (the human turns so far, as training samples hold them; the images they name)
 PromptFn = Callable[[types.Observation, Sequence[types.Step]], tuple[list[dict], list]]
@@ -43,7 +44,7 @@ class VLMPolicy:
 
   def __init__(self, loaded: LoadedPolicy, fmt, prompt_fn: PromptFn, *, temperature: float, max_tokens: int,
                max_batch: int = 32, seed: int = 0):
-    self.engine = Engine(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
+    self.engine = engine_for(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
     self.loaded, self.fmt, self.prompt_fn = loaded, fmt, prompt_fn
     self.temperature, self.max_tokens = float(temperature), int(max_tokens)
     self.stats = collections.Counter()
@@ -72,8 +73,15 @@ class VLMPolicy:
     return self.generate([p[0] for p in prompts], [p[1] for p in prompts])
 
 
+def inference_mesh(config):
+  """The mesh of this process's devices the recipe's policies run on (`config.inference_mesh`; one device for a
+  config written before the key existed)."""
+  from jaxagent import sharding  # pylint: disable=g-import-not-at-top
+  return sharding.local_mesh(dict(config.get("inference_mesh", {})))
+
+
 def load_vlm_policy(path: str, config, fmt, prompt_fn: PromptFn, temperature: float, seed: int = 0) -> VLMPolicy:
   """The policy trained in the workdir `path` (rebuilt from the `config.json` its training wrote), sampled with
   the recipe `config`'s `sampling` token budget and batch."""
-  return VLMPolicy(load_policy(path), fmt, prompt_fn, temperature=temperature,
+  return VLMPolicy(load_policy(path, mesh=inference_mesh(config)), fmt, prompt_fn, temperature=temperature,
                    max_tokens=int(config.sampling.max_tokens), max_batch=int(config.sampling.max_batch), seed=seed)

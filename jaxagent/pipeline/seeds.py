@@ -14,7 +14,7 @@ import os
 import statistics
 from typing import Any, Callable, Sequence
 
-from jaxagent.pipeline import report
+from jaxagent.pipeline import distributed, report
 from jaxagent.pipeline.stages import write_json
 
 
@@ -78,6 +78,7 @@ def run_seeds(run: Callable[[Any, str], dict], config, workdir: str, seeds: Sequ
     print(f"\n=== seed {seed} → {out}")
     per_seed[int(seed)] = run(cfg, out)
   combined = {"seeds": list(map(int, seeds)), **combine(per_seed)}
-  write_json(os.path.join(workdir, "results.json"), combined)
+  if distributed.is_main():  # every process combined the same results
+    write_json(os.path.join(workdir, "results.json"), combined)
   print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
   return combined

@@ -3,6 +3,10 @@
 A rerun skips finished stages (and says so, naming any config value that differs from the one the stage ran
 with, since the skipped stage's outputs keep the old value), runs the rest, and adds each stage's wall time to
 `<workdir>/timings.json`.
+
+Under `jax.distributed` every process runs every stage (each its share of the rollouts, all of them the
+collective trainings); process 0 decides whether a stage is done, for all, and writes the markers, the config
+and the timings alone, after a barrier that every process reaches once its part of the stage is over.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+
+from jaxagent.pipeline import distributed
 
 DONE = "DONE"
 RUN_CONFIG = "run_config.json"  # the flat config a stage ran with
@@ -76,18 +82,22 @@ class Stages:
 
   def run(self, name: str, fn: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     out = self.dir(name)
-    if self.is_done(name):
+    if distributed.agree(self.is_done(name)):  # process 0's view, so that no process runs a stage alone
       print(f"[{self.tag}] {name}: done already, skipped{self._drift(out)}", flush=True)
       return read_json(os.path.join(out, DONE))
     os.makedirs(out, exist_ok=True)
-    if self.config is not None:
+    main = distributed.is_main()
+    if self.config is not None and main:
       write_json(os.path.join(out, RUN_CONFIG), self.config)
     print(f"[{self.tag}] {name} ...", flush=True)
     t0 = time.monotonic()
     summary = fn(out)
+    distributed.barrier(f"{self.tag}/{name}: ran")  # DONE only once every process's share is in
     self.times[name] = self.times.get(name, 0.0) + time.monotonic() - t0
-    write_json(self.timings_path, self.times)
-    write_json(os.path.join(out, DONE), summary)
+    if main:
+      write_json(self.timings_path, self.times)
+      write_json(os.path.join(out, DONE), summary)
+    distributed.barrier(f"{self.tag}/{name}: recorded")  # no process reads the marker before it is written
     print(f"[{self.tag}] {name}: {json.dumps(summary)}", flush=True)
     return summary
 

@@ -9,12 +9,16 @@ import random
 from typing import Mapping, Sequence
 
 from jaxagent import types
+from jaxagent.pipeline import distributed
 from jaxagent.pipeline.stages import write_text
 
 
 def write_tasks(path: str, tasks: Sequence[types.Task]) -> int:
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  write_text(path, "".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+  """Writes `tasks` (on process 0 alone in a multi-process run, where every process draws the same ones);
+  returns their count."""
+  if distributed.is_main():
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_text(path, "".join(json.dumps(t.to_json()) + "\n" for t in tasks))
   return len(tasks)
 
 

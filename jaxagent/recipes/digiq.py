@@ -28,9 +28,10 @@ import numpy as np
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.models.critic import CriticConfig
-from jaxagent.pipeline import device, report
+from jaxagent.pipeline import device, distributed, report, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
+from jaxagent.pipeline.policy import inference_mesh
 from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digiq import critic as critic_lib
@@ -42,7 +43,7 @@ from jaxagent.train.metrics import MetricWriter
 
 STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "filtered_bc", "eval")
 CHOICES = {
-    "model.kind": ("vlm",),
+    "model.kind": ("vlm", "autoui"),
     "parse": ("faithful", "lenient"),
     "demos.split": ("train", "train_a", "train_b"),
     "representation.readout": ("generated", "prompt_last"),
@@ -129,16 +130,21 @@ def stage_candidates(config, workdir, out):
 def stage_representation(config, workdir, out):
   store, trajs = _store(workdir, "candidates", "store")
   items = represent.finetune_items(trajs, store, os.path.join(out, "sft"))
+  rep_config = stage_config(config, config.representation, seed_offset=3)
   init = config.representation.hf_checkpoint or os.path.join(workdir, "il")
-  finetune(stage_config(config, config.representation, seed_offset=3), os.path.join(out, "model"), items,
-           init_from=init)
+  if config.model.kind == "autoui":  # no VLM to fine-tune in an AutoUI actor: one of its own (the original's LLaVA)
+    rep_config.model.update(kind="vlm", hf_checkpoint=config.representation.hf_checkpoint)
+    init = None  # `representation.hf_checkpoint`'s weights (`model.hf_checkpoint` now), else a tiny VLM from scratch
+  finetune(rep_config, os.path.join(out, "model"), items, init_from=init)
   rep = config.representation
-  encoder = represent.Encoder(load_policy(os.path.join(out, "model")), rep.batch, readout=str(rep.readout),
+  loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
+  encoder = represent.Encoder(loaded, rep.batch, readout=str(rep.readout),
                               max_new_tokens=int(rep.max_new_tokens), temperature=float(rep.temperature),
                               seed=int(config.seed))
   cache = represent.extract(encoder, trajs, store)
-  np.savez(os.path.join(out, "reps.tmp.npz"), **cache)
-  os.replace(os.path.join(out, "reps.tmp.npz"), os.path.join(out, "reps.npz"))
+  if distributed.is_main():  # every process extracted the same; one writes it
+    np.savez(os.path.join(out, "reps.tmp.npz"), **cache)
+    os.replace(os.path.join(out, "reps.tmp.npz"), os.path.join(out, "reps.npz"))
   labels = [it["conversations"][1]["value"] for it in items]
   return {"sft_samples": len(items), "yes_fraction": labels.count("Yes") / len(labels),
           "pairs": int(cache["reps"].shape[0] * cache["reps"].shape[1]), "rep_dim": int(cache["reps"].shape[-1])}
@@ -158,9 +164,10 @@ def stage_critic(config, workdir, out):
   val = (critic_lib.log_validation(stage, out, critic, critic_lib.take_rows(rows, held_out)) if held_out.any()
          else None)
   q, v = critic_lib.score_candidates(critic.online, rows)
-  np.savez(os.path.join(out, "scores.tmp.npz"), q=q, v=v, rows=cache["rows"], valid=rows["valid"],
-           held_out=held_out)
-  os.replace(os.path.join(out, "scores.tmp.npz"), os.path.join(out, "scores.npz"))
+  if distributed.is_main():
+    np.savez(os.path.join(out, "scores.tmp.npz"), q=q, v=v, rows=cache["rows"], valid=rows["valid"],
+             held_out=held_out)
+    os.replace(os.path.join(out, "scores.tmp.npz"), os.path.join(out, "scores.npz"))
   succ = np.asarray([trajs[i].success == 1.0 for i, _ in cache["rows"]])  # does V rank states by outcome?
   vmax = v.max(-1)
   return {"rows": int(len(q)), "train_rows": int((~held_out).sum()), "held_out_rows": int(held_out.sum()),
@@ -228,12 +235,11 @@ def evaluate(config, workdir, store_dir, name, model_dir, temperature) -> dict:
 def behaviour_rollouts(config, workdir):
   """The behaviour stage's trajectories of the evaluation's episodes, in their order; None unless it ran every
   one of them. The behaviour policy is fixed, so its rollouts there score it as a fresh evaluation would."""
-  store = TrajectoryStore(os.path.join(workdir, "behaviour", "store"))
-  by_id = {store.read_json(i)["task"]["id"]: i for i in range(len(store))}
+  by_id = rollout.stored_by_id(TrajectoryStore(os.path.join(workdir, "behaviour", "store")))
   episodes = test_episodes(config, workdir)
   if not all(t.id in by_id for t in episodes):
     return None
-  return [store.read(by_id[t.id]) for t in episodes]
+  return [by_id[t.id] for t in episodes]
 
 
 def stage_eval(config, workdir, out):
@@ -255,11 +261,12 @@ def stage_eval(config, workdir, out):
   results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]
                                         - results["filtered_bc_actor"]["success_rate"])
   results["held_out"] = held_out(config, workdir)
-  write_json(os.path.join(workdir, "results.json"), results)
-  store, trajs = _store(workdir, "candidates", "store")
-  pick = next((i for i, t in enumerate(trajs) if t.success == 1.0), 0)  # show a success if there is one
-  scores = viewer.scores_for(dict(np.load(os.path.join(workdir, "critic", "scores.npz"))), pick)
-  write_text(os.path.join(workdir, "viewer.html"), viewer.render_html(trajs[pick], store.load_image, scores))
+  if distributed.is_main():
+    write_json(os.path.join(workdir, "results.json"), results)
+    store, trajs = _store(workdir, "candidates", "store")
+    pick = next((i for i, t in enumerate(trajs) if t.success == 1.0), 0)  # show a success if there is one
+    scores = viewer.scores_for(dict(np.load(os.path.join(workdir, "critic", "scores.npz"))), pick)
+    write_text(os.path.join(workdir, "viewer.html"), viewer.render_html(trajs[pick], store.load_image, scores))
   return results
 
 

@@ -22,6 +22,7 @@ iteration):
 from __future__ import annotations
 
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -29,9 +30,10 @@ import numpy as np
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
-from jaxagent.pipeline import device, report, rollout
+from jaxagent.pipeline import async_collect, device, distributed, report, rollout
 from jaxagent.pipeline.config import stage_config
-from jaxagent.pipeline.stages import Stages, read_json, write_json
+from jaxagent.pipeline.policy import inference_mesh
+from jaxagent.pipeline.stages import Stages, read_json, write_json, write_text
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.digirl import critics
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
@@ -42,7 +44,7 @@ from jaxagent.train.metrics import MetricWriter
 
 STAGES = ("tasks", "il", "offline_data", "critics", "filtered_bc", "digirl_offline", "online", "eval")
 CHOICES = {
-    "model.kind": ("vlm",),
+    "model.kind": ("vlm", "autoui"),
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),
     "demos.split": ("train", "train_a", "train_b"),
@@ -84,10 +86,10 @@ def _judge(config, store_dir: str):
   return programmatic.make_judge(cfg)
 
 
-def _rollout(config, model_dir, temperature, tasks, store_dir, name, seed):
+def _rollout(config, model_dir, temperature, tasks, store_dir, name, seed, meta=None):
   actor = device.load_actor(config, model_dir, temperature, seed, parse=str(config.parse))
   return device.rollout(config, device.env_spec(config), actor, tasks, store_dir, name, gamma=float(config.gamma),
-                        judge=_judge(config, store_dir))
+                        judge=_judge(config, store_dir), meta=meta)
 
 
 class Data:
@@ -131,7 +133,7 @@ def screen_features(config, workdir: str, store: TrajectoryStore, trajs: Sequenc
   if os.path.exists(cache):
     with np.load(cache) as f:
       return [f[str(i)] for i in range(len(trajs))]
-  loaded = load_policy(os.path.join(workdir, "il"))
+  loaded = load_policy(os.path.join(workdir, "il"), mesh=inference_mesh(config))
   shots, spans = [], []
   for t in trajs:
     paths = [s.image_path for s in t.steps] + [t.steps[-1].next_image_path if t.steps else None]
@@ -141,9 +143,10 @@ def screen_features(config, workdir: str, store: TrajectoryStore, trajs: Sequenc
     spans.append((begin, len(shots)))
   feats = device.screen_features(loaded, shots, int(config.features.batch))
   out = [feats[a:b] for a, b in spans]
-  tmp = cache + ".tmp.npz"
-  np.savez(tmp, **{str(i): f for i, f in enumerate(out)})
-  os.replace(tmp, cache)
+  if distributed.is_main():  # every process computed the same features; one writes them
+    tmp = f"{cache}.tmp{os.getpid()}.npz"
+    np.savez(tmp, **{str(i): f for i, f in enumerate(out)})
+    os.replace(tmp, cache)
   return out
 
 
@@ -242,8 +245,8 @@ def actor_dir(workdir: str, stage: str) -> str:
 
 
 def _record_init(out: str, init_from: str) -> None:
-  with open(os.path.join(out, "init_from"), "w") as f:
-    f.write(init_from)
+  if distributed.is_main():  # read once the stage is over (`actor_dir`), after the stage's barrier
+    write_text(os.path.join(out, "init_from"), init_from)
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -290,7 +293,8 @@ def online_episodes(config, workdir, iteration: int) -> list[types.Task]:
 
 
 def stage_online(config, workdir, out):
-  """`online.iterations` rounds of collect → critics → actor (`offpolicy_train_loop`'s online loop)."""
+  """`online.iterations` rounds of collect → critics → actor (`offpolicy_train_loop`'s online loop); with
+  `online.max_lag` > 0 each round's rollouts run while the previous rounds train (`pipeline.async_collect`)."""
   digirl = config.algorithm == "digirl"
   inner = Stages(out, "digirl/online", config)
   blocks = (config.online.traj_critic, config.online.critic)
@@ -300,35 +304,51 @@ def stage_online(config, workdir, out):
     prev_critics = os.path.join(workdir, "critics"), (config.traj_critic, config.critic)
   else:
     data, actor, prev_critics = Data(), os.path.join(workdir, "il"), None
+  n, max_lag = int(config.online.iterations), int(config.online.max_lag)
+
+  def collect(i, behaviour):
+    """Round i's rollouts by `behaviour` (the actor `max_lag` updates back at most) and their screen features."""
+    o, t0 = inner.dir(f"iter{i}_rollouts"), time.monotonic()
+    trajs = _rollout(config, behaviour, float(config.online.temperature), online_episodes(config, workdir, i),
+                     os.path.join(o, "store"), f"actor@online{i}", int(config.seed) + 10 + i,
+                     meta={"behaviour_actor": behaviour, "policy_lag": collector.lag(i)})
+    store = TrajectoryStore(os.path.join(o, "store"))
+    screen_features(config, workdir, store, rollout.episodes(store), os.path.join(o, "feats.npz"))
+    return {"success": success_rate(trajs), "behaviour": behaviour, "lag": collector.lag(i),
+            "collect_s": time.monotonic() - t0}
+
   history = []
-  for i in range(int(config.online.iterations)):
-    name = f"iter{i}"
-    rollouts = inner.run(f"{name}_rollouts", lambda o, i=i, actor=actor: {"success": success_rate(_rollout(
-        config, actor, float(config.online.temperature), online_episodes(config, workdir, i), os.path.join(o, "store"),
-        f"actor@online{i}", int(config.seed) + 10 + i))})
-    store = TrajectoryStore(os.path.join(inner.dir(f"{name}_rollouts"), "store"))
-    trajs = rollout.episodes(store)
-    data.add(store, trajs, screen_features(config, workdir, store, trajs,
-                                           os.path.join(inner.dir(f"{name}_rollouts"), "feats.npz")))
-    if digirl:
-      start = restore_critics(config, data, *prev_critics) if prev_critics else None
-      inner.run(f"{name}_critics", lambda o, start=start: train_critics(config, data, o, blocks, start)[2])
-      prev_critics = inner.dir(f"{name}_critics"), blocks
-      traj_critic, step_critic = restore_critics(config, data, *prev_critics)
-      v_inst = critics.trajectory_values(traj_critic, critics.trajectory_arrays(
-          data.trajs, int(config.features.text_dim))["text"])
-      keep = critics.digirl_keep(data.trajs, v_inst, float(config.actor.quantile))
-    else:
-      step_critic, keep = None, critics.filterbc_keep(data.trajs, float(config.actor.quantile))
+  with async_collect.AsyncCollector(collect, n, max_lag, done=lambda i: inner.is_done(f"iter{i}_rollouts")
+                                    ) as collector:
+    collector.publish(0, actor)
+    for i in range(n):
+      name = f"iter{i}"
+      rollouts = inner.run(f"{name}_rollouts", lambda o, i=i: collector.result(i))
+      store = TrajectoryStore(os.path.join(inner.dir(f"{name}_rollouts"), "store"))
+      trajs = rollout.episodes(store)
+      data.add(store, trajs, screen_features(config, workdir, store, trajs,
+                                             os.path.join(inner.dir(f"{name}_rollouts"), "feats.npz")))
+      if digirl:
+        start = restore_critics(config, data, *prev_critics) if prev_critics else None
+        inner.run(f"{name}_critics", lambda o, start=start: train_critics(config, data, o, blocks, start)[2])
+        prev_critics = inner.dir(f"{name}_critics"), blocks
+        traj_critic, step_critic = restore_critics(config, data, *prev_critics)
+        v_inst = critics.trajectory_values(traj_critic, critics.trajectory_arrays(
+            data.trajs, int(config.features.text_dim))["text"])
+        keep = critics.digirl_keep(data.trajs, v_inst, float(config.actor.quantile))
+      else:
+        step_critic, keep = None, critics.filterbc_keep(data.trajs, float(config.actor.quantile))
 
-    def actor_stage(o, actor=actor, keep=keep, step_critic=step_critic):
-      picks, info = actor_picks(config, data, config.algorithm, keep, step_critic)
-      _record_init(o, actor)
-      return {**info, **train_actor(config, workdir, config.online.actor, data, picks, o, actor, seed_offset=8 + i)}
+      def actor_stage(o, actor=actor, keep=keep, step_critic=step_critic):
+        picks, info = actor_picks(config, data, config.algorithm, keep, step_critic)
+        _record_init(o, actor)
+        return {**info, **train_actor(config, workdir, config.online.actor, data, picks, o, actor, seed_offset=8 + i)}
 
-    info = inner.run(f"{name}_actor", actor_stage)
-    actor = actor_dir(out, f"{name}_actor")
-    history.append({"iteration": i, "rollout_success": rollouts["success"], **info})
+      info = inner.run(f"{name}_actor", actor_stage)
+      actor = actor_dir(out, f"{name}_actor")
+      collector.publish(i + 1, actor)
+      history.append({"iteration": i, "rollout_success": rollouts["success"], "lag": rollouts.get("lag", 0),
+                      **info})
   return {"actor": actor, "iterations": history}
 
 
@@ -358,7 +378,8 @@ def stage_eval(config, workdir, out):
     results[name] = device.eval_summary(trajs, temperature)
     writer.write_scalars(0, {f"eval/{name}_success_rate": results[name]["success_rate"]})
   writer.close()
-  write_json(os.path.join(workdir, "results.json"), results)
+  if distributed.is_main():
+    write_json(os.path.join(workdir, "results.json"), results)
   return results
 
 

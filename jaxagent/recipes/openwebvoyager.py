@@ -28,7 +28,7 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs import miniwob, sites
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges import programmatic
-from jaxagent.pipeline import rollout
+from jaxagent.pipeline import async_collect, distributed, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_vlm_policy
@@ -51,12 +51,25 @@ def run(config, workdir: str) -> dict:
   summaries["il/data"] = stages.run("il/data", lambda out: stage_il_data(config, workdir, out))
   summaries["il/train"] = stages.run("il/train", lambda out: stage_il_train(config, workdir, out))
   summaries["il/eval"] = stages.run("il/eval", lambda out: stage_eval(config, workdir, out, 0))
-  for k in range(1, int(config.iterations) + 1):
-    summaries[f"iter{k}/explore"] = stages.run(f"iter{k}/explore", lambda out: stage_explore(config, workdir, out, k))
-    summaries[f"iter{k}/train"] = stages.run(f"iter{k}/train", lambda out: stage_optimize(config, workdir, out, k))
-    summaries[f"iter{k}/eval"] = stages.run(f"iter{k}/eval", lambda out: stage_eval(config, workdir, out, k))
+  n = int(config.iterations)
+
+  def explore_round(i, behaviour):  # round i explores iteration i + 1's queries
+    out = stages.dir(f"iter{i + 1}/explore")
+    os.makedirs(out, exist_ok=True)
+    return stage_explore(config, workdir, out, i + 1, behaviour)
+
+  # With explore.max_lag > 0, iteration k+1 explores in the background while k trains and is evaluated.
+  with async_collect.AsyncCollector(explore_round, n, int(config.explore.max_lag),
+                                    done=lambda i: stages.is_done(f"iter{i + 1}/explore")) as collector:
+    collector.publish(0, 0)
+    for k in range(1, n + 1):
+      summaries[f"iter{k}/explore"] = stages.run(f"iter{k}/explore", lambda out, k=k: collector.result(k - 1))
+      summaries[f"iter{k}/train"] = stages.run(f"iter{k}/train", lambda out: stage_optimize(config, workdir, out, k))
+      collector.publish(k, k)
+      summaries[f"iter{k}/eval"] = stages.run(f"iter{k}/eval", lambda out: stage_eval(config, workdir, out, k))
   results = collect_results(config, summaries)
-  write_json(os.path.join(workdir, "results.json"), results)
+  if distributed.is_main():
+    write_json(os.path.join(workdir, "results.json"), results)
   writer = MetricWriter(workdir)
   for k, row in enumerate(results["per_iteration"]):
     keys = ("test_success_rate", "miniwob_success_rate", "explore_solved_rate", "judge_agreement")
@@ -145,8 +158,10 @@ def stage_il_train(config, workdir, out):
   return {"samples": len(items), "steps": int(config.il.train.steps)}
 
 
-def stage_explore(config, workdir, out, k):
-  policy = _policy(config, workdir, k - 1, config.explore.temperature, int(config.seed) + 100 * k)
+def stage_explore(config, workdir, out, k, behaviour=None):
+  """Iteration k's queries explored by policy `behaviour` (default k - 1, the newest: OWV's rule)."""
+  behaviour = k - 1 if behaviour is None else int(behaviour)
+  policy = _policy(config, workdir, behaviour, config.explore.temperature, int(config.seed) + 100 * k)
   store = TrajectoryStore(os.path.join(out, "store"))
   queries = _queries(workdir, f"iter{k}")
   with _rollouts(config) as r:
@@ -154,7 +169,7 @@ def stage_explore(config, workdir, out, k):
                                       name=f"iter{k - 1}_policy")
   counts = data.successful_samples(store, out, policy.fmt.n_steps)
   return {**result.summary(len(queries)), **counts, "too_long_prompts": policy.stats["too_long"],
-          **_agreement(config, store)}
+          "behaviour_policy": behaviour, "lag": k - 1 - behaviour, **_agreement(config, store)}
 
 
 def stage_optimize(config, workdir, out, k):

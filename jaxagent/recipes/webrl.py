@@ -10,7 +10,8 @@ resumes the running one: rollouts by episode id, trainings from their Orbax chec
   orm       π_0's rollouts on train tasks, judged by the sites' programs → the ORM trained to answer YES/NO on
             them and the demonstrations; its agreement with the judge on held-out episodes
   phase<t>  curriculum (tasks from phase t−1's failures, `proj.webrl.curriculum`, through the critic filter)
-            → rollouts of π_{t−1} → ORM labels (the reward; the judge's verdict kept to measure the ORM)
+            → rollouts of π_{t−1} (with `rollout.max_lag` L > 0: of π_{t−1−L}, collected while π_{t−1}
+            trains) → ORM labels (the reward; the judge's verdict kept to measure the ORM)
             → critic (continues phase t−1's on this phase's steps and the replay) → actor π_t from π_{t−1}
             with π_ref = π_{t−1} on this phase's steps and the replayed successes (`proj.webrl.replay`)
   eval      π_0 and every phase's actor on the same held-out test episodes at `eval.temperature`:
@@ -29,11 +30,11 @@ from jaxagent.agents.webrl import WebRL, current_html
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
-from jaxagent.pipeline import device, report, rollout, scoring
+from jaxagent.pipeline import async_collect, device, distributed, report, rollout, scoring
 from jaxagent.pipeline import tasks as tasks_lib
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import load_vlm_policy
+from jaxagent.pipeline.policy import inference_mesh, load_vlm_policy
 from jaxagent.pipeline.stages import Stages, read_json, write_json
 from jaxagent.pipeline.tasks import draw_episodes, success_rate
 from jaxagent.proj.webrl import critic as critic_lib
@@ -56,8 +57,15 @@ def run(config, workdir: str) -> dict:
   stages.run("tasks", lambda out: tasks_lib.stage_tasks(config, out, "text"))
   stages.run("sft", lambda out: stage_sft(config, workdir, out))
   stages.run("orm", lambda out: stage_orm(config, workdir, out))
-  for t in range(1, int(config.phases) + 1):
-    run_phase(config, workdir, t)
+  n = int(config.phases)
+  with async_collect.AsyncCollector(lambda i, actor: collect_phase(config, workdir, i + 1, actor), n,
+                                    int(config.rollout.max_lag), gated=True,
+                                    done=lambda i: phase_stages(config, workdir, i + 1).is_done("rollouts")
+                                    ) as collector:
+    collector.publish(0, phase_actor(workdir, 0))
+    collector.allow(0)
+    for t in range(1, n + 1):
+      learn_phase(config, workdir, t, collector)
   results = stages.run("eval", lambda out: stage_eval(config, workdir, out))
   print("\n" + results_table(results))
   print(stages.table())
@@ -84,10 +92,10 @@ def _prompt_fn(fmt: WebRL):
   return lambda obs, history: ([{"from": "human", "value": fmt.build_prompt(obs.intent, obs, history)}], [])
 
 
-def _rollout(config, model_dir: str, temperature: float, tasks, store_dir: str, name: str, seed: int):
+def _rollout(config, model_dir: str, temperature: float, tasks, store_dir: str, name: str, seed: int, meta=None):
   fmt = agent_format(config)
   actor = load_vlm_policy(model_dir, config, fmt, _prompt_fn(fmt), temperature, seed)
-  return device.rollout(config, env_spec(config), actor, tasks, store_dir, name, gamma=data.GAMMA)
+  return device.rollout(config, env_spec(config), actor, tasks, store_dir, name, gamma=data.GAMMA, meta=meta)
 
 
 def _step_samples(trajs: Sequence[types.Trajectory]) -> list[dict]:
@@ -138,7 +146,7 @@ def stage_orm(config, workdir, out):
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
-  probs = orm.probabilities(load_policy(os.path.join(out, "model")), val, **_scoring(config))
+  probs = orm.probabilities(load_policy(os.path.join(out, "model"), mesh=inference_mesh(config)), val, **_scoring(config))
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
   return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
           "near_miss_success": success_rate(decoys), "train_episodes": len(train),
@@ -173,11 +181,12 @@ def _critic_features(config, workdir: str, prompts: Sequence[str], cache: str) -
     return np.load(cache)
   distinct = sorted(set(prompts))
   items = [data.sample(str(i), p, "x") for i, p in enumerate(distinct)]
-  feats = scoring.score(load_policy(os.path.join(workdir, "sft")), items, **_scoring(config))["hidden"]
+  feats = scoring.score(load_policy(os.path.join(workdir, "sft"), mesh=inference_mesh(config)), items, **_scoring(config))["hidden"]
   row = {p: i for i, p in enumerate(distinct)}
   feats = feats[[row[p] for p in prompts]]
-  np.save(cache + ".tmp.npy", feats)
-  os.replace(cache + ".tmp.npy", cache)
+  if distributed.is_main():  # every process computed the same features; one writes them
+    np.save(f"{cache}.tmp{os.getpid()}.npy", feats)
+    os.replace(f"{cache}.tmp{os.getpid()}.npy", cache)
   return feats
 
 
@@ -188,10 +197,14 @@ def _previous_critic(config, workdir: str, t: int, dim: int):
                             os.path.join(workdir, f"phase{t - 1}", "critic"), dim)
 
 
-def run_phase(config, workdir: str, t: int) -> None:
-  phase = Stages(os.path.join(workdir, f"phase{t}"), f"webrl/phase{t}", config)
-  base = phase.workdir
-  prev_actor = phase_actor(workdir, t - 1)
+def phase_stages(config, workdir: str, t: int) -> Stages:
+  return Stages(os.path.join(workdir, f"phase{t}"), f"webrl/phase{t}", config)
+
+
+def collect_phase(config, workdir: str, t: int, behaviour: str) -> dict:
+  """Phase t's curriculum and `behaviour`'s rollouts on it: π_{t−1}, or with `rollout.max_lag` L > 0 the actor L
+  phases older, collecting while π_{t−1} trains (`pipeline.async_collect`)."""
+  phase = phase_stages(config, workdir, t)
 
   def stage_curriculum(out):
     pool = device.suite(workdir, "train")
@@ -214,20 +227,40 @@ def run_phase(config, workdir: str, t: int) -> None:
     return {**info, "tasks": len(kept), "templates": sorted({c.template for c in kept})}
 
   phase.run("curriculum", stage_curriculum)
+  lag = t - 1 - _actor_phase(workdir, behaviour)
 
   def stage_rollouts(out):
-    tasks = tasks_lib.read_tasks(os.path.join(base, "curriculum", "tasks.jsonl"))
-    trajs = _rollout(config, prev_actor, float(config.rollout.temperature), tasks, os.path.join(out, "store"),
-                     f"actor{t - 1}@phase{t}", int(config.seed) + 10 * t)
-    return {"episodes": len(trajs), "judge_success": success_rate(trajs)}
+    tasks = tasks_lib.read_tasks(os.path.join(phase.workdir, "curriculum", "tasks.jsonl"))
+    trajs = _rollout(config, behaviour, float(config.rollout.temperature), tasks, os.path.join(out, "store"),
+                     f"actor{t - 1 - lag}@phase{t}", int(config.seed) + 10 * t,
+                     meta={"behaviour_actor": behaviour, "policy_lag": lag})
+    return {"episodes": len(trajs), "judge_success": success_rate(trajs), "behaviour": behaviour, "lag": lag}
 
-  phase.run("rollouts", stage_rollouts)
+  return phase.run("rollouts", stage_rollouts)
+
+
+def _actor_phase(workdir: str, actor: str) -> int:
+  """t of `phase_actor(workdir, t) == actor`."""
+  t = 0
+  while phase_actor(workdir, t) != actor:
+    t += 1
+  return t
+
+
+def learn_phase(config, workdir: str, t: int, collector: async_collect.AsyncCollector) -> None:
+  """Phase t once its rollouts are in: ORM labels → critic → (phase t+1 may now collect) → actor π_t."""
+  if not phase_stages(config, workdir, t).is_done("rollouts"):
+    collector.result(t - 1)
+  phase = phase_stages(config, workdir, t)  # after the collector's stages, so their timings are kept
+  base = phase.workdir
   trajs = [x for x in rollout.episodes(TrajectoryStore(os.path.join(base, "rollouts", "store"))) if data.usable(x)]
 
   def stage_labels(out):
-    probs = orm.probabilities(load_policy(os.path.join(workdir, "orm", "model")), trajs, **_scoring(config))
+    loaded = load_policy(os.path.join(workdir, "orm", "model"), mesh=inference_mesh(config))
+    probs = orm.probabilities(loaded, trajs, **_scoring(config))
     labels = {x.task.id: float(p) for x, p in zip(trajs, probs)}
-    write_json(os.path.join(out, "orm.json"), labels)
+    if distributed.is_main():
+      write_json(os.path.join(out, "orm.json"), labels)
     rewards = _rewards(config, trajs, labels)
     tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [x.task for x, r in zip(trajs, rewards) if r < 1.0])
     return {"episodes": len(trajs), "orm_success": float(np.mean(probs >= 0.5)) if len(trajs) else 0.0,
@@ -252,11 +285,9 @@ def run_phase(config, workdir: str, t: int) -> None:
             "v_failure": float(v[~label].mean()) if (~label).any() else None}
 
   phase.run("critic", stage_critic)
-
-  def stage_actor(out):
-    return train_actor(config, workdir, t, rows, history, out)
-
-  phase.run("actor", stage_actor)
+  collector.allow(t)  # phase t+1's curriculum reads this phase's failures and critic
+  phase.run("actor", lambda out: train_actor(config, workdir, t, rows, history, out))
+  collector.publish(t, phase_actor(workdir, t))
 
 
 def _rewards(config, trajs, labels: dict) -> list[float]:
@@ -294,7 +325,7 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
   adv = np.clip(v_next - v - 0.05 + reward + mc, -1.0, 1.0)  # rl.losses.webrl_advantage_code
   states, actions = rows["state"] + history["state"], rows["action"] + history["action"]
   items = [data.sample(f"s{i}", s, a) for i, (s, a) in enumerate(zip(states, actions))]
-  ref = scoring.score(load_policy(prev), items, **_scoring(config))
+  ref = scoring.score(load_policy(prev, mesh=inference_mesh(config)), items, **_scoring(config))
   n_now = len(rows["state"])
   ranks = replay.rank_scores(ref["logp"][n_now:], ref["tokens"][n_now:])
   replayed = replay.select(ranks, n_now, int(config.seed) + 30 + t, (float(config.replay.low),
@@ -338,8 +369,9 @@ def stage_eval(config, workdir, out):
   orm_summary = read_json(os.path.join(workdir, "orm", "DONE"))
   phases = [read_json(os.path.join(workdir, f"phase{t}", "labels", "DONE")) for t in range(1, int(config.phases) + 1)]
   held = {"orm_held_out": orm_summary["held_out"], "orm_by_phase": [p["orm_vs_judge"] for p in phases]}
-  write_json(os.path.join(workdir, "results.json"), results)
-  write_json(os.path.join(workdir, "orm_agreement.json"), held)
+  if distributed.is_main():
+    write_json(os.path.join(workdir, "results.json"), results)
+    write_json(os.path.join(workdir, "orm_agreement.json"), held)
   return results
 
 

@@ -6,12 +6,15 @@
     model (`models.build(config)`) and the latest (or given) step restored, optimizer state read and dropped;
   * an exported policy (`export_policy`): a Hugging Face directory (`config.json` + safetensors, written by
     `models/hf`) with the tokenizer files and `jaxagent_policy.json` (model kind, image preprocessing);
-  * any local Hugging Face Llama/Mistral/Qwen2 or LLaVA directory with its tokenizer.
+  * any local Hugging Face Llama/Mistral/Qwen2, LLaVA, idefics2 or Qwen2.5-VL directory with its tokenizer
+    (Qwen2.5-VL at the fixed image side its export recorded, else `data.qwen_vl.DEFAULT_IMAGE_SIZE`).
 Every `pipeline.finetune` workdir (each training stage of a recipe) has its `config.json`; for another one,
 pass `config=`.
 
-Everything is loaded onto one device (`jax.devices()[0]`): serving a tiny or mid-size policy does not need
-the training mesh, and the sampler's jit then compiles once per shape.
+Everything is loaded onto one device of this process (`jax.local_devices()[0]`) unless a `mesh` is given: a
+tiny or mid-size policy does not need more, and the sampler's jit then compiles once per shape. A larger one is
+restored straight onto a mesh of this process's devices (`sharding.local_mesh(config.inference_mesh)`), each
+parameter laid out by its logical axes, and every jitted forward pass runs sharded.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ POLICY_FILE = "jaxagent_policy.json"
 class LoadedPolicy:
   """What inference needs: the model, its tokenizer, and (VLMs) how to turn pixels into image tokens."""
 
-  model: nnx.Module  # llama.Decoder or vlm.VLM
+  model: nnx.Module  # llama.Decoder, vlm.VLM or autoui.ScreenAutoUI
   tokenizer: Any  # a HF fast tokenizer with a chat template
-  kind: str  # "decoder" | "vlm"
+  kind: str  # "decoder" | "vlm" | "autoui" (acts through `pipeline.seq2seq_policy`, not the engine)
   name: str  # the model id `/v1/models` reports
-  preprocess: vit.ImagePreprocessing | None = None  # VLMs only
+  preprocess: vit.ImagePreprocessing | None = None  # VLMs and AutoUI's frozen image encoder
   num_image_tokens: int = 0  # image-token ids each <image> placeholder expands to (VLMs)
   image_wrap_id: int | None = None  # idefics2: the token written around each image's block
   source: str = ""
@@ -65,7 +68,7 @@ class LoadedPolicy:
 
 
 def _one_device_mesh():
-  return sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  return sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.local_devices()[:1])
 
 
 def _read_json(path: str) -> dict:
@@ -118,7 +121,7 @@ def _step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
-def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
+def _load_workdir(workdir: str, step: int | None, config, mesh) -> LoadedPolicy:
   from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.state import abstract_train_state  # pylint: disable=g-import-not-at-top
@@ -133,7 +136,7 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
   built = models.build(config, tokenizer)
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
-  state = abstract_train_state(built.init, tx, _one_device_mesh())
+  state = abstract_train_state(built.init, tx, mesh, wrt=built.trainable)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
   try:
     restored = ckpt.restore(state.abstract_state(), jax.random.key(0), step)
@@ -146,21 +149,24 @@ def _load_workdir(workdir: str, step: int | None, config) -> LoadedPolicy:
   kind = str(config.model.kind)
   step_name = step if step is not None else "latest"
   return LoadedPolicy(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
-                      preprocess=built.preprocess if kind == "vlm" else None,
+                      preprocess=built.preprocess if kind in ("vlm", "autoui") else None,
                       num_image_tokens=built.num_image_tokens if kind == "vlm" else 0,
                       image_wrap_id=built.image_wrap_id if kind == "vlm" else None, source=workdir)
 
 
-def _load_hf(path: str) -> LoadedPolicy:
+def _load_hf(path: str, mesh) -> LoadedPolicy:
   hf = _read_json(os.path.join(path, "config.json"))
   meta = _read_json(os.path.join(path, POLICY_FILE)) if os.path.exists(os.path.join(path, POLICY_FILE)) else {}
   tokenizer = load_tokenizer(path, require_image_token="vision_config" in hf)
-  mesh = _one_device_mesh()
   name = meta.get("name") or os.path.basename(os.path.normpath(path))
   if "vision_config" in hf:
     from jaxagent.models.hf import auto  # pylint: disable=g-import-not-at-top
     lib = auto.vlm_module(hf)
     model, cfg = lib.load_pretrained(path, mesh)
+    if hf.get("model_type") == "qwen2_5_vl":  # fixed-resolution patches; the side an export recorded
+      from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+      images = qwen_vl.QwenImages.from_dir(path, cfg, int(meta.get("image_size", qwen_vl.DEFAULT_IMAGE_SIZE)))
+      return LoadedPolicy(model, tokenizer, "vlm", name, images, images.tokens_per_image, source=path)
     if "preprocess" in meta:
       preprocess = vit.ImagePreprocessing(**{k: tuple(v) if isinstance(v, list) else v
                                              for k, v in meta["preprocess"].items()})
@@ -173,18 +179,20 @@ def _load_hf(path: str) -> LoadedPolicy:
   return LoadedPolicy(model, tokenizer, "decoder", name, source=path)
 
 
-def load_policy(path: str, *, config=None, step: int | None = None) -> LoadedPolicy:
+def load_policy(path: str, *, config=None, step: int | None = None, mesh=None) -> LoadedPolicy:
   """The policy at `path` (a training workdir, one of its step directories, an export, a HF directory, a
-  `.gguf` file, or `smollm2`)."""
+  `.gguf` file, or `smollm2`), its parameters restored straight onto `mesh` (FSDP / tensor parallel by their
+  logical axes; default one local device): `sharding.local_mesh(config.inference_mesh)`."""
+  mesh = mesh if mesh is not None else _one_device_mesh()
   from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.path.expanduser(gguf.checkpoint_dir(path)))
   if not os.path.isdir(path):
     raise FileNotFoundError(f"policy checkpoint {path!r} is not a directory")
   workdir, step_in_path = _step_dir(path)
   if _is_workdir(workdir):
-    return _load_workdir(workdir, step if step is not None else step_in_path, config)
+    return _load_workdir(workdir, step if step is not None else step_in_path, config, mesh)
   if os.path.exists(os.path.join(path, "config.json")):
-    return _load_hf(path)
+    return _load_hf(path, mesh)
   raise FileNotFoundError(f"{path!r} is neither a training workdir (checkpoints/) nor a Hugging Face / exported "
                           "policy directory (config.json + safetensors)")
 
@@ -196,9 +204,18 @@ def export_policy(source: str | LoadedPolicy, out_dir: str, *, config=None, name
   `load_policy(out_dir)` and, being a HF directory, with `transformers` too.
   """
   policy = source if isinstance(source, LoadedPolicy) else load_policy(source, config=config)
+  if policy.kind == "autoui":
+    raise NotImplementedError(f"export_policy: {policy.source} is an AutoUI workdir (config.model.kind=autoui), "
+                              "which has no self-contained HF layout for its frozen image encoder; serve the "
+                              "workdir itself, or write its T5 with models.hf.autoui.save_pretrained(model.autoui)")
   os.makedirs(out_dir, exist_ok=True)
   meta: dict[str, Any] = {"kind": policy.kind, "name": name or policy.name, "source": policy.source}
-  if policy.kind == "vlm":
+  from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+  if qwen_vl.is_qwen(policy):
+    from jaxagent.models.hf import qwen2_vl as hf_qwen2_vl  # pylint: disable=g-import-not-at-top
+    hf_qwen2_vl.save_pretrained(policy.model, policy.model.config, out_dir)
+    meta["image_size"] = policy.preprocess.size
+  elif policy.kind == "vlm":
     from jaxagent.models.hf import idefics2, llava  # pylint: disable=g-import-not-at-top
     (llava if policy.model.config.perceiver is None else idefics2).save_pretrained(policy.model, policy.model.config,
                                                                                    out_dir)

@@ -79,7 +79,12 @@ class Checkpointer:
     return None
 
   def _set_aside(self, step: int, why: str) -> None:
+    """Moves a checkpoint that does not restore aside; under several processes only process 0 renames (another
+    process may still be reading it), the others just skip the step."""
     broken = f"{self.path(step)}.broken-{time.strftime('%Y%m%d-%H%M%S')}"
+    if jax.process_index() != 0:
+      log.warning("checkpoint %s does not restore here (%s); trying the step before it", self.path(step), why)
+      return
     os.rename(self.path(step), broken)
     self._mngr.reload()
     log.warning("checkpoint %s does not restore (%s); moved to %s, trying the step before it", self.path(step),

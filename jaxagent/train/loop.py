@@ -141,7 +141,7 @@ def restore_model(config, workdir: str, model_fn: Callable[[], nnx.Module], wrt=
   """The model of `workdir`'s latest checkpoint, as `train` saved it with this `config`, `model_fn` and `wrt`
   (the small models trained on precomputed features: critics), on one device."""
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
-  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.local_devices()[:1])
   ts = abstract_train_state(model_fn, tx, mesh, wrt=wrt)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
   try:

@@ -37,7 +37,18 @@ def flat_images(images: jnp.ndarray, image_mask: jnp.ndarray) -> jnp.ndarray:
   return images.reshape(b * m, *images.shape[2:])[order]
 
 
+def seq2seq_logits(model, batch: dict) -> jnp.ndarray:
+  """An encoder-decoder's (AutoUI's, `data.seq2seq`) teacher-forced logits [B, T, V] over `decoder_ids`; the
+  batch's `targets` / `loss_mask` are decoder-side, so every loss here reads it as it reads a decoder's."""
+  return model(batch["input_ids"], batch["attention_mask"], batch["images"], batch["decoder_ids"])
+
+
 def _logits(model, batch: dict) -> jnp.ndarray:
+  if "decoder_ids" in batch:
+    return seq2seq_logits(model, batch)
+  if "positions" in batch:  # Qwen2.5-VL: image patches and M-RoPE positions (`data.qwen_vl`)
+    from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+    return qwen_vl.batch_logits(model, batch)
   if "images" in batch:
     return model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),
                  attention_mask=batch["attention_mask"])

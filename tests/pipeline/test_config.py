@@ -8,9 +8,10 @@ import time
 import pytest
 
 from configs import digiq as digiq_config
+from configs import digirl as digirl_config
 from configs import openwebvoyager as owv_config
 from jaxagent.pipeline.config import ConfigError, stage_config, validate
-from jaxagent.recipes import digiq
+from jaxagent.recipes import digiq, digirl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,6 +42,14 @@ def test_enumerated_values_and_missing_paths_are_refused_naming_the_key(tmp_path
   config.representation.hf_checkpoint = str(tmp_path / "missing")
   with pytest.raises(ConfigError, match="representation.hf_checkpoint=.*no such file"):
     validate(config, digiq.CHOICES, digiq.LISTS)
+
+
+def test_a_negative_policy_lag_is_refused_naming_the_key():
+  config = digirl_config.get_config(None)
+  validate(config, digirl.CHOICES)
+  config.online.max_lag = -1
+  with pytest.raises(ConfigError, match=r"config.online.max_lag=-1: must be a whole number >= 0"):
+    validate(config, digirl.CHOICES)
 
 
 @pytest.mark.parametrize("args,key", [(["--config=configs/digiq.py", "--config.critic.advantage_estimation=MC"],

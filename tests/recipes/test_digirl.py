@@ -126,6 +126,24 @@ def test_the_other_modes_run_their_own_stages(pipeline, tmp_path, mode, algorith
   assert not os.path.exists(os.path.join(other, "digirl_offline"))
 
 
+@pytest.mark.slow
+def test_online_rounds_with_lag_are_collected_by_the_older_actor(pipeline, tmp_path):
+  _, workdir, _, _ = pipeline
+  other = str(tmp_path / "lagged")
+  for stage in ("tasks", "il"):
+    shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
+  config = _config()
+  config.mode = "online"
+  config.online.update(iterations=2, max_lag=1)
+  digirl.run(config, other)
+  rounds = [json.load(open(os.path.join(other, "online", f"iter{i}_rollouts", DONE))) for i in range(2)]
+  il = os.path.join(other, "il")
+  assert [(r["behaviour"], r["lag"]) for r in rounds] == [(il, 0), (il, 1)]  # round 1 ran while actor 1 trained
+  stored = TrajectoryStore(os.path.join(other, "online", "iter1_rollouts", "store"))
+  assert {t.meta["policy_lag"] for t in stored} == {1} and {t.meta["behaviour_actor"] for t in stored} == {il}
+  assert os.path.exists(os.path.join(other, "online", "iter1_actor", DONE))
+
+
 def test_llm_judge_is_digirls_per_step_evaluator(tmp_path, monkeypatch):
   monkeypatch.syspath_prepend(os.path.join(killed_run.ROOT, "tests", "judges"))
   import openai_peer  # pylint: disable=g-import-not-at-top  # the real local OpenAI-compatible server of the judge tests

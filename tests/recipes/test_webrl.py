@@ -7,6 +7,7 @@ process: the restarted run must keep that episode, run only the rest, and finish
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -87,6 +88,26 @@ def test_the_actor_trains_on_webrl_prompts_and_the_orm_labels_every_episode(pipe
   with open(os.path.join(workdir, "phase1", "actor", "DONE")) as f:
     actor = json.load(f)
   assert actor["phase_steps"] == sum(len(store.read(i).steps) for i in range(len(store)))
+
+
+@pytest.mark.slow
+def test_with_lag_the_next_phase_collects_while_the_actor_trains(pipeline, tmp_path):
+  _, workdir, _, _ = pipeline
+  other = str(tmp_path / "lagged")
+  for stage in ("tasks", "sft", "orm"):
+    shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
+  config = webrl_config.get_config("smoke")
+  config.rollout.max_lag = 1
+  webrl.run(config, other)
+  rounds = [json.load(open(os.path.join(other, f"phase{t}", "rollouts", DONE))) for t in (1, 2)]
+  sft = os.path.join(other, "sft")
+  assert [(r["behaviour"], r["lag"]) for r in rounds] == [(sft, 0), (sft, 1)]  # phase 2 by π_0, while π_1 trained
+  stored = TrajectoryStore(os.path.join(other, "phase2", "rollouts", "store"))
+  assert {t.meta["policy_lag"] for t in stored} == {1}
+  # phase 2's tasks still came from phase 1's failures through phase 1's critic (gated on them, not on π_1)
+  assert json.load(open(os.path.join(other, "phase2", "curriculum", DONE)))["failed_seeds"] == len(
+      [1 for line in open(os.path.join(other, "phase1", "labels", "failed.jsonl")) if line.strip()])
+  assert os.path.exists(os.path.join(other, "eval", DONE))
 
 
 @pytest.mark.parametrize("key,value", [("actor.loss", "ppo"), ("html", "raw"), ("reward", "gpt4"),

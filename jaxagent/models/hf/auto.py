@@ -1,7 +1,8 @@
 """Which module reads a HF vision-language checkpoint, by its `config.json` `model_type`.
 
 Each module has `config_from_dir(path)`, `load_pretrained(path, mesh)`, `save_pretrained(model, cfg, path, ...)`
-and `image_preprocessing(path)`; `models.build`, `serving.checkpoint` and `export` go through here.
+and (LLaVA, idefics2) `image_preprocessing(path)`; `models.build`, `serving.checkpoint` and `export` go through
+here. Qwen2.5-VL's images are fixed-resolution patches (`data.qwen_vl.QwenImages`), not `vit` images.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-VLM_MODULES = {"llava": "llava", "idefics2": "idefics2"}
+VLM_MODULES = {"llava": "llava", "idefics2": "idefics2", "qwen2_5_vl": "qwen2_vl"}
 
 
 def vlm_module(hf_config: dict) -> ModuleType:

@@ -9,6 +9,7 @@ from typing import Sequence
 from jaxagent import types
 from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline import distributed
 from jaxagent.pipeline.device import downscale, state_samples, turn
 from jaxagent.pipeline.rollout import stored_ids
 
@@ -47,10 +48,11 @@ def add_candidates(candidates, policy, trajs: Sequence[types.Trajectory], src: T
                    out_store_dir: str, chunk: int = 16) -> list[types.Trajectory]:
   """Copies each trajectory into a new store with `Step.candidates = [dataset action] + n−1 samples`
   (`candidates`: `config.candidates`). The states of `chunk` trajectories share the sampler calls; trajectories
-  already copied (a killed run) are skipped."""
+  already copied (a killed run) are skipped. Under several processes process 0 writes the store, the others
+  wait for it."""
   out = TrajectoryStore(out_store_dir)
   done = stored_ids(out)
-  todo = [t for t in trajs if t.task.id not in done]
+  todo = [t for t in trajs if t.task.id not in done] if distributed.is_main() else []
   for start in range(0, len(todo), chunk):
     group = todo[start:start + chunk]
     steps = [s for t in group for s in t.steps if s.image_path]
@@ -61,6 +63,7 @@ def add_candidates(candidates, policy, trajs: Sequence[types.Trajectory], src: T
       s.candidates = [s.action_text] + cands
     for traj in group:
       _copy_into(out, traj, src)
+  distributed.barrier("digiq.add_candidates")
   out.refresh()
   return [out.read(i) for i in range(len(out))]
 

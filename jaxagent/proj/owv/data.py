@@ -23,6 +23,7 @@ from jaxagent.agents import openwebvoyager
 from jaxagent.data import conversation
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.data.tokenizer import IMAGE_TOKEN
+from jaxagent.pipeline import distributed, rollout
 from jaxagent.pipeline.stages import write_json, write_text
 
 # ------------------------------------------------------------------------------------ observation
@@ -105,13 +106,14 @@ def successful_samples(store: TrajectoryStore, out_dir: str, n_steps: int = open
   """`out_dir/samples.json` (+ `out_dir/images/`) from the successful trajectories of `store` (the filter of
   §2.4: only judged successes are trained on). Returns counts."""
   samples, n_traj = [], 0
-  for traj in store:
+  for traj in rollout.episodes(store):  # every process's shard, the last record of each episode
     if traj.success == 1.0 and traj.steps:
       samples.extend(trajectory_samples(traj, store, os.path.join(out_dir, "images"), n_steps))
       n_traj += 1
   for s in samples:
     conversation.validate(s)
-  write_json(os.path.join(out_dir, "samples.json"), samples)
+  if distributed.is_main():
+    write_json(os.path.join(out_dir, "samples.json"), samples)
   return {"trajectories": n_traj, "samples": len(samples)}
 
 
