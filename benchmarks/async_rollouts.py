@@ -10,7 +10,9 @@ learner waited for rollouts, the collector's own time, and the training time; th
   python benchmarks/async_rollouts.py --json /tmp/async_rollouts.json [--rounds 4] [--episodes 16]
 
 On a 2-core machine the collector (Chromium, the policy's forward passes) and the learner (XLA) share the cores,
-so overlap helps only as far as each leaves them idle; the JSON's `where_the_time_goes` says how much was hidden.
+so overlap helps only as far as each leaves them idle: each run records the machine's busy fraction over all
+cores (the hardware limit: a synchronous run already near 1.0 leaves async nothing to fill), and the JSON's
+`where_the_time_goes` says how much collection was hidden and how much each side slowed down.
 The machine's load average is recorded beside the figures.
 """
 
@@ -25,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import psutil
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,9 +58,10 @@ def run_online(config, base: str, workdir: str) -> dict:
   from jaxagent.recipes import digirl  # pylint: disable=g-import-not-at-top
   for stage in ("tasks", "il"):
     shutil.copytree(os.path.join(base, stage), os.path.join(workdir, stage))
-  t0 = time.monotonic()
+  cpu0, t0 = psutil.cpu_times(), time.monotonic()
   summary = digirl.stage_online(config, workdir, os.path.join(workdir, "online"))
-  wall = time.monotonic() - t0
+  wall, cpu1 = time.monotonic() - t0, psutil.cpu_times()
+  busy = sum(getattr(cpu1, f) - getattr(cpu0, f) for f in ("user", "nice", "system", "irq", "softirq"))
   times = read_json(os.path.join(workdir, "online", "timings.json"))
   waited = sum(v for k, v in times.items() if k.endswith("_rollouts"))
   trained = sum(v for k, v in times.items() if not k.endswith("_rollouts"))
@@ -69,6 +74,7 @@ def run_online(config, base: str, workdir: str) -> dict:
           "learner_waited_for_rollouts_s": waited, "training_s": trained,
           "collector_s": sum(c.get("collect_s", 0.0) for c in collected),
           "lags": [c.get("lag", 0) for c in collected],
+          "machine_cpu_busy_fraction": busy / (wall * psutil.cpu_count()),  # every process, all cores
           "rollout_success": [h["rollout_success"] for h in summary["iterations"]]}
 
 

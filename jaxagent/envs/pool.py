@@ -428,10 +428,7 @@ class EnvPool:
       for slot, (cmd, arg) in commands.items():
         self._send(slot, cmd, arg, pending)
       while pending:
-        now = time.monotonic()
-        wait_s = max(0.0, min(p.deadline for p in pending.values()) - now)
-        # A dead worker's socket reads EOF, so waiting on the connections also catches deaths.
-        mp_connection.wait([self._workers[s].conn for s in pending], timeout=wait_s)
+        self._wait(pending, max(0.0, min(p.deadline for p in pending.values()) - time.monotonic()))
         for slot in list(pending):
           self._poll(slot, pending, results)
     except BaseException:  # Ctrl-C mid-round: answers are still in flight, the pool cannot be reused
@@ -440,6 +437,31 @@ class EnvPool:
     finally:
       self._in_round = False
     return results
+
+  def _wait(self, pending: dict[int, "_Pending"], timeout: float) -> None:
+    """Blocks until a pending slot may have news, or `timeout` s. A dead worker's socket reads EOF, so waiting
+    on the connections also catches deaths."""
+    mp_connection.wait([self._workers[s].conn for s in pending], timeout=timeout)
+
+  def _answer(self, slot: int, kind: str, payload: Any, pending: dict[int, "_Pending"],
+              results: list[SlotResult | None]) -> None:
+    """A worker's answer to its slot's pending command, into `results` (an error restarts the episode)."""
+    p = pending[slot]
+    if kind == "error":
+      return self._fail(slot, payload, pending, results)
+    ep = self._episodes[slot]
+    del pending[slot]
+    if kind == "rejected":  # the task itself is bad: no retry, the worker stays
+      self.failures.append(f"slot {slot} attempt {ep.attempt}: {payload}")
+      results[slot] = SlotResult(None, errored=True, attempt=ep.attempt, errors=[*ep.errors, payload])
+      self._episodes[slot] = None
+    elif p.cmd == "step":
+      obs, reward, done, info = payload
+      results[slot] = SlotResult(obs, float(reward), bool(done), dict(info or {}), attempt=ep.attempt,
+                                 errors=list(ep.errors))
+    else:
+      results[slot] = SlotResult(payload, restarted=p.cmd == "retry", attempt=ep.attempt, errors=list(ep.errors))
+    return None
 
   def _poll(self, slot: int, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
     w, p = self._workers[slot], pending[slot]
@@ -455,24 +477,7 @@ class EnvPool:
         w.ready = True
         p.deadline = time.monotonic() + p.timeout
         continue
-      if kind == "error":
-        return self._fail(slot, payload, pending, results)
-      ep = self._episodes[slot]
-      if kind == "rejected":  # the task itself is bad: no retry, the worker stays
-        del pending[slot]
-        self.failures.append(f"slot {slot} attempt {ep.attempt}: {payload}")
-        results[slot] = SlotResult(None, errored=True, attempt=ep.attempt, errors=[*ep.errors, payload])
-        self._episodes[slot] = None
-        return None
-      del pending[slot]
-      if p.cmd == "step":
-        obs, reward, done, info = payload
-        results[slot] = SlotResult(obs, float(reward), bool(done), dict(info or {}), attempt=ep.attempt,
-                                   errors=list(ep.errors))
-      else:
-        results[slot] = SlotResult(payload, restarted=p.cmd == "retry", attempt=ep.attempt,
-                                   errors=list(ep.errors))
-      return None
+      return self._answer(slot, kind, payload, pending, results)
     if w.process.poll() is not None:
       return self._fail(slot, f"worker process died (exit code {self._exitcode(w)}) during {p.cmd}",
                         pending, results)

@@ -298,24 +298,8 @@ class RayEnvPool(EnvPool):
     w = self._workers[slot]
     return [w.answer] if w.ready else [w.ready_ref, w.answer]
 
-  def _run(self, commands: dict[int, tuple[str, Any]]) -> list[SlotResult | None]:
-    results: list[SlotResult | None] = [None] * self.num_workers
-    pending: dict[int, _Pending] = {}
-    self._in_round = True
-    try:
-      for slot, (cmd, arg) in commands.items():
-        self._send(slot, cmd, arg, pending)
-      while pending:
-        wait_s = max(0.0, min(p.deadline for p in pending.values()) - time.monotonic())
-        ray.wait([ref for s in pending for ref in self._awaited(s)], num_returns=1, timeout=wait_s)
-        for slot in list(pending):
-          self._poll(slot, pending, results)
-    except BaseException:  # Ctrl-C mid-round: answers are still in flight, the pool cannot be reused
-      self.close()
-      raise
-    finally:
-      self._in_round = False
-    return results
+  def _wait(self, pending: dict[int, _Pending], timeout: float) -> None:
+    ray.wait([ref for s in pending for ref in self._awaited(s)], num_returns=1, timeout=timeout)
 
   def _poll(self, slot: int, pending: dict[int, _Pending], results: list[SlotResult | None]) -> None:
     w, p = self._workers[slot], pending[slot]
@@ -335,18 +319,4 @@ class RayEnvPool(EnvPool):
       return self._fail(slot, f"worker actor died during {p.cmd}: {_why(e)}", pending, results)
     except Exception as e:  # pylint: disable=broad-except  # e.g. the answer could not be serialized
       return self._fail(slot, f"{p.cmd} failed in its actor: {_why(e)}", pending, results)
-    if kind == "error":
-      return self._fail(slot, payload, pending, results)
-    ep = self._episodes[slot]
-    del pending[slot]
-    if kind == "rejected":  # the task itself is bad: no retry, the actor stays
-      self.failures.append(f"slot {slot} attempt {ep.attempt}: {payload}")
-      results[slot] = SlotResult(None, errored=True, attempt=ep.attempt, errors=[*ep.errors, payload])
-      self._episodes[slot] = None
-    elif p.cmd == "step":
-      obs, reward, done, info = payload
-      results[slot] = SlotResult(obs, float(reward), bool(done), dict(info or {}), attempt=ep.attempt,
-                                 errors=list(ep.errors))
-    else:
-      results[slot] = SlotResult(payload, restarted=p.cmd == "retry", attempt=ep.attempt, errors=list(ep.errors))
-    return None
+    return self._answer(slot, kind, payload, pending, results)
