@@ -2,12 +2,13 @@
 
 Both runs start from the same finished `tasks` and `il` stages (built once here) and run DigiRL's online phase
 (`mode=online`: rounds of rollouts of the current actor on train tasks → V^inst and V^step → actor) for the same
-rounds and episodes, each in a fresh process (same compilation work): once with `online.max_lag=0` (the code's alternation) and once with `online.max_lag=1`
-(round i collected with actor i-1 while actor i trains; `pipeline/async_collect.py`). Reported per run: wall
+rounds and episodes, each in a fresh process (same compilation work): once with `online.max_lag=0` (the code's
+alternation) and once with `online.max_lag=1` (round i collected with actor i-1 while actor i trains;
+`pipeline/async_collect.py`). Reported per run: wall
 time of the online phase, end-to-end episodes/s and learner steps/s (critic + actor optimizer steps), the time the
 learner waited for rollouts, the collector's own time, and the training time; then async / sync.
 
-  python benchmarks/async_rollouts.py --json /tmp/async_rollouts.json [--rounds 4] [--episodes 16]
+  python benchmarks/async_rollouts.py --json /tmp/async_rollouts.json [--rounds 3] [--episodes 16]
 
 On a 2-core machine the collector (Chromium, the policy's forward passes) and the learner (XLA) share the cores,
 so overlap helps only as far as each leaves them idle: each run records the machine's busy fraction over all
@@ -81,7 +82,7 @@ def run_online(config, base: str, workdir: str) -> dict:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--json", required=True, help="where to write the results")
-  parser.add_argument("--rounds", type=int, default=4, help="online rounds (config.online.iterations)")
+  parser.add_argument("--rounds", type=int, default=3, help="online rounds (config.online.iterations)")
   parser.add_argument("--episodes", type=int, default=16, help="episodes a round (the code's 16)")
   parser.add_argument("--smoke", action="store_true", help="the smoke config's model and stage sizes (a check)")
   parser.add_argument("--workdir", default="", help="keep the runs here (default: a temporary directory)")

@@ -67,8 +67,8 @@ def get_config(arg=None):
 
   c.phases = 2
   c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
-  # `max_lag` L > 0: phase t's curriculum and rollouts run (by π_{t−1−L}) while π_{t−1} trains, once phase t−1's
-  # critic exists (pipeline/async_collect.py); 0 = the original's order.
+  # `max_lag` L > 0: phase t's curriculum and rollouts run (by π_{t−1−L}) while π_{t−1} trains, once
+  # phase t−1's critic exists (pipeline/async_collect.py); 0 = the original's order.
   c.rollout = ml_collections.ConfigDict(dict(temperature=1.0, max_lag=0))
   c.critic = config_lib.stage(steps=200, batch_size=32, lr=1e-3, warmup_steps=0, end_lr_ratio=1.0)
   c.actor = config_lib.stage(steps=100, batch_size=4, lr=3e-4)

@@ -125,8 +125,9 @@ def env_block(workers: int) -> ml_collections.ConfigDict:
   at most `errored_retries` more times, and is reported apart from failures."""
   return ml_collections.ConfigDict(dict(
       workers=workers, step_timeout=120.0, reset_timeout=120.0, errored_retries=2,
-      # where the workers run: "subprocess" (this machine) | "ray" (Ray actors; "" = a local loopback instance)
-      backend="subprocess", ray_address=""))
+      # where the workers run: "subprocess" (this machine) | "ray" (Ray actors; "" = a local loopback instance);
+      # sites_address: the address the bundled sites are served on ("" = 127.0.0.1; a fleet's machines must reach it)
+      backend="subprocess", ray_address="", sites_address=""))
 
 
 def stage(steps: int, batch_size: int, lr: float, **optim) -> ml_collections.ConfigDict:

@@ -66,6 +66,12 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
     if not names or set(names) - set(allowed):
       raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
                         "comma-separated")
+  env = config.get("env")
+  if env is not None and env.get("backend") is not None:
+    from jaxagent.envs.pool import BACKENDS  # pylint: disable=g-import-not-at-top
+    if env.backend not in BACKENDS:
+      raise ConfigError(f"config.env.backend={env.backend!r} is not one of {tuple(BACKENDS)}; "
+                        "set --config.env.backend=subprocess (or ray)")
   for key, value in _leaves(config):
     if value is None:
       raise ConfigError(f"config.{key} is required here (this variant has no default for it); "

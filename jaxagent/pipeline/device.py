@@ -72,8 +72,9 @@ def downscale(image: ImageLike, factor: float = DOWNSCALE) -> np.ndarray:
 def env_spec(config, expert: bool = False) -> dict:
   """The phone on the bundled sites for `config.tasks.seed` (see the module doc)."""
   if expert:
-    return rollout_lib.site_env("device", "som", config.tasks.seed, som_draw=False, oracle_targets=True)
-  return rollout_lib.site_env("device", "screenshot", config.tasks.seed)
+    return rollout_lib.site_env("device", "som", config.tasks.seed, config.env, som_draw=False,
+                                oracle_targets=True)
+  return rollout_lib.site_env("device", "screenshot", config.tasks.seed, config.env)
 
 
 def stage_tasks(config, out: str) -> dict:

@@ -33,10 +33,12 @@ ORDER = "order.txt"  # the task ids of the store's rollouts, one a line, in task
 _SHARD = re.compile(r"shard(\d+)")
 
 
-def site_env(profile: str, observation: str, world_seed: int = 0, **options) -> dict[str, Any]:
-  """The `EnvPool` spec of the bundled sites (`profile`: web | device | text) served for `world_seed`."""
+def site_env(profile: str, observation: str, world_seed: int = 0, env=None, **options) -> dict[str, Any]:
+  """The `EnvPool` spec of the bundled sites (`profile`: web | device | text) served for `world_seed`, on
+  loopback or on `env.sites_address` (`config.env`: an address a Ray fleet's machines reach)."""
+  host = (env.get("sites_address", "") if env is not None else "") or "127.0.0.1"
   return {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile, "observation": observation,
-          "base_url": server.ensure_server(int(world_seed)), **options}
+          "base_url": server.ensure_server(int(world_seed), host), **options}
 
 
 def shard_dir(store_path: str, index: int) -> str:

@@ -85,7 +85,7 @@ def run(config, workdir: str) -> dict:
 
 def env_spec(config, oracle_targets: bool = False) -> dict:
   """The desktop web profile with the accessibility-tree observation (the oracle's targets for the expert)."""
-  return rollout.site_env("web", "a11y", config.tasks.seed, oracle_targets=oracle_targets)
+  return rollout.site_env("web", "a11y", config.tasks.seed, config.env, oracle_targets=oracle_targets)
 
 
 def _rollouts(config, oracle_targets: bool = False) -> rollout.Rollouts:

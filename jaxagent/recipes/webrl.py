@@ -85,7 +85,8 @@ def agent_format(config) -> WebRL:
 
 def env_spec(config, expert: bool = False) -> dict:
   """The desktop window on the bundled sites, observed as WebRL's simplified HTML (no screenshots)."""
-  return rollout.site_env("text", "html", config.tasks.seed, **({"oracle_targets": True} if expert else {}))
+  return rollout.site_env("text", "html", config.tasks.seed, config.env,
+                          **({"oracle_targets": True} if expert else {}))
 
 
 def _prompt_fn(fmt: WebRL):
@@ -146,7 +147,8 @@ def stage_orm(config, workdir, out):
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
-  probs = orm.probabilities(load_policy(os.path.join(out, "model"), mesh=inference_mesh(config)), val, **_scoring(config))
+  loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
+  probs = orm.probabilities(loaded, val, **_scoring(config))
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
   return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
           "near_miss_success": success_rate(decoys), "train_episodes": len(train),
@@ -181,7 +183,8 @@ def _critic_features(config, workdir: str, prompts: Sequence[str], cache: str) -
     return np.load(cache)
   distinct = sorted(set(prompts))
   items = [data.sample(str(i), p, "x") for i, p in enumerate(distinct)]
-  feats = scoring.score(load_policy(os.path.join(workdir, "sft"), mesh=inference_mesh(config)), items, **_scoring(config))["hidden"]
+  trunk = load_policy(os.path.join(workdir, "sft"), mesh=inference_mesh(config))
+  feats = scoring.score(trunk, items, **_scoring(config))["hidden"]
   row = {p: i for i, p in enumerate(distinct)}
   feats = feats[[row[p] for p in prompts]]
   if distributed.is_main():  # every process computed the same features; one writes them

@@ -354,3 +354,39 @@ def test_scripted_expert_solves_site_tasks_through_ray_actors(local_ray, tmp_pat
   assert not _left(fleet.marker), "a process of the closed pool outlived it"
   store.refresh()
   assert sorted(t.task.id for t in store) == sorted(t.id for t in chosen)
+
+
+def _routable_address() -> str | None:
+  """This machine's address as another machine would reach it (a UDP socket's chosen source; nothing is sent)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    try:
+      s.connect(("192.0.2.1", 9))
+    except OSError:
+      return None
+    address = s.getsockname()[0]
+  return None if ipaddress.ip_address(address).is_loopback else address
+
+
+@pytest.mark.browser
+def test_sites_served_on_a_routable_address_reach_the_fleet(local_ray, tmp_path):
+  """`config.env.sites_address`: the recipes serve the bundled sites there, so actors on other machines can open
+  them; here an actor opens a site served on this machine's routable address (not loopback) and solves its task."""
+  address = _routable_address()
+  if address is None:
+    pytest.skip("this machine has no non-loopback interface to serve the sites on")
+  code = ("import ml_collections; from jaxagent.pipeline import rollout; "
+          f"print(rollout.site_env('text', 'html', 0, ml_collections.ConfigDict({{'sites_address': {address!r}}}))"
+          "['base_url'])")
+  base_url = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=True).stdout.strip().splitlines()[-1]
+  assert base_url.startswith(f"http://{address}:"), base_url
+  chosen = [t for t in tasks.generate(seed=0)["test"] if t.profile == "text" and t.template == "shop_add_to_cart"][:1]
+  policy = expert.ScriptedExpert("webrl")
+  with server.SiteServer(host=address) as site:
+    spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": "text", "observation": "html",
+            "oracle_targets": True, "base_url": site.base_url}
+    with ray_pool.RayEnvPool(spec, num_workers=1, step_timeout=60, reset_timeout=60, worker_cpus=0.25) as fleet:
+      (traj,) = collector.collect(fleet, policy, policy.fmt.parse, chosen, judge=evaluators.ProgrammaticJudge(),
+                                  progress=False)
+  assert traj.status == "completed" and traj.success == 1.0, traj.verdict_reason
+  assert traj.steps[0].url.startswith(f"http://{address}:")

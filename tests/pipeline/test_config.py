@@ -44,6 +44,13 @@ def test_enumerated_values_and_missing_paths_are_refused_naming_the_key(tmp_path
     validate(config, digiq.CHOICES, digiq.LISTS)
 
 
+def test_an_unknown_env_backend_is_refused_before_any_work():
+  config = digirl_config.get_config(None)
+  config.env.backend = "k8s"
+  with pytest.raises(ConfigError, match=r"config.env.backend='k8s' is not one of \('subprocess', 'ray'\)"):
+    validate(config, digirl.CHOICES)
+
+
 def test_a_negative_policy_lag_is_refused_naming_the_key():
   config = digirl_config.get_config(None)
   validate(config, digirl.CHOICES)

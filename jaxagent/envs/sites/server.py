@@ -83,16 +83,20 @@ _server: SiteServer | None = None
 _server_lock = threading.Lock()
 
 
-def ensure_server(seed: int = 0) -> str:
-  """The base URL of this process's site server, started on first call (free port, stopped at exit)."""
+def ensure_server(seed: int = 0, host: str = "127.0.0.1") -> str:
+  """The base URL of this process's site server, started on first call (free port, stopped at exit), listening
+  on `host` (loopback; an address other machines reach for a Ray fleet: `config.env.sites_address`)."""
   global _server
   with _server_lock:
     if _server is None or _server._thread is None:
-      _server = SiteServer(seed=seed).start()
+      _server = SiteServer(seed=seed, host=host).start()
       atexit.register(_server.stop)
     elif _server.seed != seed:
       raise ValueError(f"this process's site server serves seed {_server.seed}, not {seed}; "
                        f"start a SiteServer(seed={seed}) yourself to serve both")
+    elif _server.host != host:
+      raise ValueError(f"this process's site server listens on {_server.host}, not {host}; one run serves the "
+                       "sites on one address (config.env.sites_address)")
     return _server.base_url
 
 
