@@ -166,7 +166,8 @@ def stage_explore(config, workdir, out, k, behaviour=None):
   queries = _queries(workdir, f"iter{k}")
   with _rollouts(config) as r:
     result = explore.explore_rollouts(r, policy, queries, store, _judge(config), int(config.explore.max_attempts),
-                                      name=f"iter{k - 1}_policy")
+                                      name=f"iter{behaviour}_policy",
+                                      meta={"behaviour_policy": behaviour, "policy_lag": k - 1 - behaviour})
   counts = data.successful_samples(store, out, policy.fmt.n_steps)
   return {**result.summary(len(queries)), **counts, "too_long_prompts": policy.stats["too_long"],
           "behaviour_policy": behaviour, "lag": k - 1 - behaviour, **_agreement(config, store)}

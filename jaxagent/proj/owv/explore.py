@@ -95,12 +95,13 @@ def agreement(trajs: Sequence[types.Trajectory]) -> dict | None:
 
 
 def explore_rollouts(rollouts, policy, tasks: Sequence[types.Task], store: TrajectoryStore, judge: types.Judge,
-                     max_attempts: int, name: str) -> ExploreResult:
+                     max_attempts: int, name: str, meta: dict | None = None) -> ExploreResult:
   """`explore` with each attempt one `pipeline.rollout.Rollouts.run` (episode ids `attempt_id(task, k)`, so a
-  restarted exploration finds its finished attempts in `store`); solved/attempts keyed by the query's own id."""
+  restarted exploration finds its finished attempts in `store`); solved/attempts keyed by the query's own id;
+  `meta` goes into every trajectory's meta."""
 
   def run_round(k, pending):
     return rollouts.run(policy, [dataclasses.replace(t, id=attempt_id(t.id, k)) for t in pending], store,
-                        judge=judge, name=name)
+                        judge=judge, name=name, meta=meta)
 
   return explore(tasks, max_attempts, run_round)
