@@ -179,6 +179,20 @@ class Engine:
       self._stats["requests"] += len(prepared)
     return results  # type: ignore[return-value]
 
+  def _sample(self, batch: list[_Prepared], ids: np.ndarray, mask: np.ndarray, config, rng):
+    """One sampler call over a padded batch -> (its output, the image slots it was compiled for)."""
+    policy = self.policy
+    if policy.kind == "vlm":
+      from jaxagent.models import vlm  # pylint: disable=g-import-not-at-top
+      pix = [p.pixels for p in batch if p.pixels is not None]
+      side = policy.preprocess.crop_size or policy.preprocess.size
+      n_img = sum(len(x) for x in pix)
+      images = np.zeros((_pow2(n_img, 1), side, side, 3), np.float32)
+      if n_img:
+        images[:n_img] = np.concatenate(pix)
+      return vlm.sample(policy.model, ids, mask, images, config, rng=rng), len(images)
+    return sampler.sample(policy.model, ids, mask, config, rng=rng), 0
+
   def _generate_batch(self, batch: list[_Prepared], key: tuple[float, float, int]) -> list[GenerationResult]:
     temperature, top_p, top_k = key
     policy = self.policy
@@ -197,21 +211,10 @@ class Engine:
       self._calls += 1
       rng = jax.random.fold_in(self._key, self._calls)
       t0 = time.perf_counter()
-      if policy.kind == "vlm":
-        from jaxagent.models import vlm  # pylint: disable=g-import-not-at-top
-        pix = [p.pixels for p in batch if p.pixels is not None]
-        side = policy.preprocess.crop_size or policy.preprocess.size
-        n_img = sum(len(x) for x in pix)
-        images = np.zeros((_pow2(n_img, 1), side, side, 3), np.float32)
-        if n_img:
-          images[:n_img] = np.concatenate(pix)
-        shape = (rows, width, new, len(images), key)
-        out = vlm.sample(policy.model, ids, mask, images, config, rng=rng)
-      else:
-        shape = (rows, width, new, 0, key)
-        out = sampler.sample(policy.model, ids, mask, config, rng=rng)
+      out, image_slots = self._sample(batch, ids, mask, config, rng)
       out = jax.device_get(out)
       elapsed = time.perf_counter() - t0
+    shape = (rows, width, new, image_slots, key)
     results = []
     for r, p in enumerate(batch):
       n = min(int(out.lengths[r]), p.request.max_tokens)

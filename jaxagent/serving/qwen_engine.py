@@ -11,7 +11,6 @@ The continuous-batching server does not run Qwen2.5-VL (`serve.build` refuses it
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
@@ -95,51 +94,15 @@ class QwenVLEngine(base.Engine):
                               f"{self.max_prompt_tokens}; shorten the conversation or send fewer images")
     return base._Prepared(request, ids, patches)  # pylint: disable=protected-access
 
-  def _generate_batch(self, batch, key):
-    temperature, top_p, top_k = key
-    policy, pre = self.policy, self.policy.preprocess
-    rows = base._pow2(len(batch), 1)  # pylint: disable=protected-access
-    width = base._pow2(max(len(p.ids) for p in batch), 64)  # pylint: disable=protected-access
-    new = min(base._decode_bucket(max(p.request.max_tokens for p in batch)),  # pylint: disable=protected-access
-              base._decode_bucket(self.max_new_tokens))  # pylint: disable=protected-access
-    config = sampler.SamplingConfig(max_new_tokens=new, temperature=temperature, top_p=top_p, top_k=top_k,
-                                    eos_ids=policy.eos_ids, pad_id=policy.pad_id)
-    ids = np.full((rows, width), policy.pad_id, np.int32)
-    mask = np.zeros((rows, width), bool)
-    mask[:, 0] = True  # padding rows: a one-token prompt (not an image token: pad_id)
-    for r, p in enumerate(batch):
-      ids[r, :len(p.ids)] = p.ids
-      mask[r, :len(p.ids)] = True
+  def _sample(self, batch, ids, mask, config, rng):
+    """The M-RoPE sampler over the batch's patches (`sample`), in `Engine`'s padded-batch loop."""
+    pre = self.policy.preprocess
     pix = [p.pixels for p in batch if p.pixels is not None]
     n_img = sum(len(x) for x in pix)
     patches = np.zeros((base._pow2(n_img, 1),) + pre.patch_shape, np.float32)  # pylint: disable=protected-access
     if n_img:
       patches[:n_img] = np.concatenate(pix)
-    with self._lock:
-      self._calls += 1
-      rng = jax.random.fold_in(self._key, self._calls)
-      t0 = time.perf_counter()
-      out = jax.device_get(sample(policy.model, ids, mask, patches, pre, n_img, config, rng=rng))
-      elapsed = time.perf_counter() - t0
-    results = []
-    for r, p in enumerate(batch):
-      n = min(int(out.lengths[r]), p.request.max_tokens)
-      tokens = out.tokens[r, :n].tolist()
-      hit_eos = n > 0 and tokens[-1] in policy.eos_ids
-      text = policy.tokenizer.decode(tokens, skip_special_tokens=True)
-      cut = sampler.truncate_at_stop(text, p.request.stop)
-      finish = "stop" if hit_eos or len(cut) < len(text) else "length"
-      results.append(base.GenerationResult(cut, len(p.ids), n, finish, tokens=tokens))
-    with self._stats_lock:
-      self._stats["sampler_calls"] += 1
-      self._stats["rows"] += len(batch)
-      self._stats["padded_rows"] += rows - len(batch)
-      self._stats["prompt_tokens"] += sum(len(p.ids) for p in batch)
-      self._stats["completion_tokens"] += sum(r.completion_tokens for r in results)
-      self._stats["sampler_seconds_x1000"] += int(elapsed * 1000)
-      self._batch_sizes[len(batch)] += 1
-      self._shapes.add((rows, width, new, len(patches), key))
-    return results
+    return sample(self.policy.model, ids, mask, patches, pre, n_img, config, rng=rng), len(patches)
 
 
 def engine_for(policy: LoadedPolicy, **kwargs) -> base.Engine:
