@@ -29,10 +29,17 @@ TRAININGS = ("il", "critics/traj_critic", "critics/step_critic", "filtered_bc", 
              "online/iter0_critics/traj_critic", "online/iter0_critics/step_critic", "online/iter0_actor")
 
 
-def _launch(num_processes, devices_per_process, workdir):
-  args = [f"--config={ROOT}/configs/digirl.py:smoke", f"--workdir={workdir}",
-          *(f"--config.{block}.train.batch_size=8" for block in BATCHES),
-          *(f"--config.{block}.temperature=0" for block in ("offline", "online", "eval"))]
+DIGIRL_ARGS = (*(f"--config.{block}.train.batch_size=8" for block in BATCHES),
+               *(f"--config.{block}.temperature=0" for block in ("offline", "online", "eval")))
+WEBRL_ARGS = (*(f"--config.{block}.train.batch_size=8" for block in ("sft", "orm", "critic", "actor")),
+              "--config.orm.temperature=0", "--config.rollout.temperature=0")  # WebRL evaluates at T 0 already
+WEBRL_STORES = ("sft/demos", "orm/store", "orm/near_misses", "phase1/rollouts/store", "phase2/rollouts/store",
+                "eval/sft", "eval/phase1", "eval/phase2")
+WEBRL_TRAININGS = ("sft", "orm/model", "phase1/critic", "phase1/actor", "phase2/critic", "phase2/actor")
+
+
+def _launch(num_processes, devices_per_process, workdir, config="digirl.py:smoke", extra=DIGIRL_ARGS):
+  args = [f"--config={ROOT}/configs/{config}", f"--workdir={workdir}", *extra]
   cmd = [sys.executable, "-m", "launch.local", f"--num_processes={num_processes}",
          f"--devices_per_process={devices_per_process}", "--", *args]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -136,3 +143,22 @@ def test_two_processes_report_the_same_results_and_write_each_marker_once(runs):
   assert set(_read(os.path.join(two, "timings.json"))) == set(digirl.STAGES)
   leftovers = [os.path.join(d, f) for d, _, files in os.walk(two) for f in files if ".tmp" in f]
   assert not leftovers  # no half-written file of a process that lost a race
+
+
+@pytest.mark.slow
+def test_webrl_two_processes_match_one(tmp_path):
+  """WebRL's smoke run (SFT, ORM, two phases of curriculum → rollouts → ORM labels → critic → actor, eval) as
+  2 × 4 and 1 × 8: the same episodes and outcomes in every store, the same losses, results and ORM agreement."""
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  launched = [_launch(1, 8, one, "webrl.py:smoke", WEBRL_ARGS), _launch(2, 4, two, "webrl.py:smoke", WEBRL_ARGS)]
+  for proc, lines in launched:
+    assert proc.wait(timeout=1500) == 0, "".join(lines[-200:])
+  for store in WEBRL_STORES:
+    assert rollout.shards(os.path.join(two, store)) == ["shard0", "shard1"], store
+    assert _outcomes(two, store) == _outcomes(one, store) != [], store
+  for training in WEBRL_TRAININGS:
+    ref, got = _losses(one, training), _losses(two, training)
+    assert ref and [s for s, _ in got] == [s for s, _ in ref], training
+    assert [l for _, l in got] == pytest.approx([l for _, l in ref], rel=1e-4, abs=1e-5), training
+  for name in ("results.json", "orm_agreement.json"):
+    assert _close(_read(os.path.join(two, name)), _read(os.path.join(one, name))), name
