@@ -31,12 +31,25 @@ TRAININGS = ("il", "critics/traj_critic", "critics/step_critic", "filtered_bc", 
 
 DIGIRL_ARGS = (*(f"--config.{block}.train.batch_size=8" for block in BATCHES),
                *(f"--config.{block}.temperature=0" for block in ("offline", "online", "eval")))
-WEBRL_ARGS = (*(f"--config.{block}.train.batch_size=8" for block in ("sft", "orm", "critic", "actor")),
-              "--config.orm.temperature=0", "--config.rollout.temperature=0")  # WebRL evaluates at T 0 already
-WEBRL_STORES = ("sft/demos", "orm/store", "orm/near_misses", "phase1/rollouts/store", "phase2/rollouts/store",
-                "eval/sft", "eval/phase1", "eval/phase2")
-WEBRL_TRAININGS = ("sft", "orm/model", "phase1/critic", "phase1/actor", "phase2/critic", "phase2/actor")
-
+# The other staged recipes, checked the same way: (config, overrides, stores, trainings, shared JSON files).
+RECIPES = {
+    "webrl": ("webrl.py:smoke",
+              (*(f"--config.{b}.train.batch_size=8" for b in ("sft", "orm", "critic", "actor")),
+               "--config.orm.temperature=0", "--config.rollout.temperature=0"),  # WebRL evaluates at T 0 already
+              ("sft/demos", "orm/store", "orm/near_misses", "phase1/rollouts/store", "phase2/rollouts/store",
+               "eval/sft", "eval/phase1", "eval/phase2"),
+              ("sft", "orm/model", "phase1/critic", "phase1/actor", "phase2/critic", "phase2/actor"),
+              ("results.json", "orm_agreement.json")),
+    # Digi-Q's candidates (T 1.2) are sampled by process 0 alone and its representations by every process over
+    # all states, so only the sharded rollouts need T 0.
+    "digiq": ("digiq.py:smoke",
+              (*(f"--config.{b}.train.batch_size=8" for b in ("il", "representation", "critic", "actor")),
+               "--config.behaviour.temperature=0", "--config.eval.temperature=0"),
+              ("il/demos", "behaviour/store", "candidates/store", "eval/behaviour", "eval/il_actor",
+               "eval/digiq_actor", "eval/filtered_bc_actor"),
+              ("il", "representation/model", "critic", "actor", "filtered_bc"),
+              ("results.json",)),
+}
 
 def _launch(num_processes, devices_per_process, workdir, config="digirl.py:smoke", extra=DIGIRL_ARGS):
   args = [f"--config={ROOT}/configs/{config}", f"--workdir={workdir}", *extra]
@@ -146,19 +159,24 @@ def test_two_processes_report_the_same_results_and_write_each_marker_once(runs):
 
 
 @pytest.mark.slow
-def test_webrl_two_processes_match_one(tmp_path):
-  """WebRL's smoke run (SFT, ORM, two phases of curriculum → rollouts → ORM labels → critic → actor, eval) as
-  2 × 4 and 1 × 8: the same episodes and outcomes in every store, the same losses, results and ORM agreement."""
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_other_recipes_two_processes_match_one(recipe, tmp_path):
+  """WebRL's smoke run (SFT, ORM, two phases, eval) and Digi-Q's (IL, behaviour, candidates, representation,
+  critic, actors, eval) as 2 × 4 and 1 × 8: the same episodes and outcomes in every store (candidates included),
+  the same losses of every training, the same results."""
+  config, extra, stores, trainings, shared = RECIPES[recipe]
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
-  launched = [_launch(1, 8, one, "webrl.py:smoke", WEBRL_ARGS), _launch(2, 4, two, "webrl.py:smoke", WEBRL_ARGS)]
+  launched = [_launch(1, 8, one, config, extra), _launch(2, 4, two, config, extra)]
   for proc, lines in launched:
     assert proc.wait(timeout=1500) == 0, "".join(lines[-200:])
-  for store in WEBRL_STORES:
-    assert rollout.shards(os.path.join(two, store)) == ["shard0", "shard1"], store
+  for store in stores:
     assert _outcomes(two, store) == _outcomes(one, store) != [], store
-  for training in WEBRL_TRAININGS:
+    steps = [s for t in rollout.episodes(TrajectoryStore(os.path.join(one, store))) for s in t.steps]
+    assert [s.candidates for s in steps] == [s.candidates for t in rollout.episodes(TrajectoryStore(
+        os.path.join(two, store))) for s in t.steps], store
+  for training in trainings:
     ref, got = _losses(one, training), _losses(two, training)
     assert ref and [s for s, _ in got] == [s for s, _ in ref], training
     assert [l for _, l in got] == pytest.approx([l for _, l in ref], rel=1e-4, abs=1e-5), training
-  for name in ("results.json", "orm_agreement.json"):
+  for name in shared:
     assert _close(_read(os.path.join(two, name)), _read(os.path.join(one, name))), name
