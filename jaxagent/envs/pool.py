@@ -249,11 +249,24 @@ class EnvPool:
   def __init__(self, spec: Mapping[str, Any], num_workers: int, step_timeout: float = 30.0,
                reset_timeout: float = 60.0, max_retries: int = 2, start_timeout: float = 120.0,
                close_timeout: float = 10.0):
+    self._set_up(spec, num_workers, step_timeout, reset_timeout, max_retries, start_timeout, close_timeout)
+    _install_exit_hooks()
+    _LIVE_POOLS.add(self)
+    self._workers = [self._start_worker(i) for i in range(num_workers)]
+    try:
+      self._wait_ready()
+    except BaseException:
+      self.close()
+      raise
+
+  def _set_up(self, spec, num_workers: int, step_timeout: float, reset_timeout: float, max_retries: int,
+              start_timeout: float, close_timeout: float) -> None:
+    """The bookkeeping every pool backend keeps, its arguments checked; no worker started yet."""
     if num_workers < 1:
-      raise ValueError(f"EnvPool: num_workers={num_workers} must be >= 1")
+      raise ValueError(f"{type(self).__name__}: num_workers={num_workers} must be >= 1")
     if max_retries < 0:
-      raise ValueError(f"EnvPool: max_retries={max_retries} must be >= 0")
-    self.spec = registry.resolve(spec)
+      raise ValueError(f"{type(self).__name__}: max_retries={max_retries} must be >= 0")
+    self.spec = registry.resolve(spec)  # a kind registered here means nothing to another process or node
     self.num_workers = num_workers
     self.step_timeout = step_timeout
     self.reset_timeout = reset_timeout
@@ -267,14 +280,6 @@ class EnvPool:
     self._episodes: list[_Episode | None] = [None] * num_workers
     self._closed = False
     self._in_round = False  # commands in flight: close() then kills at once instead of asking workers
-    _install_exit_hooks()
-    _LIVE_POOLS.add(self)
-    self._workers = [self._start_worker(i) for i in range(num_workers)]
-    try:
-      self._wait_ready()
-    except BaseException:
-      self.close()
-      raise
 
   # -- public API
 

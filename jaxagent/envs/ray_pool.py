@@ -21,7 +21,6 @@ it never reaches Ray's processes. For the same reason the driver never kills pro
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import socket
@@ -30,7 +29,6 @@ import sys
 import time
 import traceback
 from typing import Any, Mapping
-import uuid
 
 try:
   import ray
@@ -41,7 +39,7 @@ except ImportError as e:  # Ray is an optional extra
 
 from jaxagent import types
 from jaxagent.envs import registry, tempdirs
-from jaxagent.envs.pool import (MARKER_ENV, EnvPool, SlotResult, _Episode, _Pending, _LIVE_POOLS,
+from jaxagent.envs.pool import (MARKER_ENV, EnvPool, SlotResult, _Pending, _LIVE_POOLS,
                                 _install_exit_hooks, marked_pids)
 
 # Ray picks a routable address for a node unless multi-node clusters are switched off (the flag's name says
@@ -186,27 +184,11 @@ class RayEnvPool(EnvPool):
   def __init__(self, spec: Mapping[str, Any], num_workers: int, step_timeout: float = 30.0,
                reset_timeout: float = 60.0, max_retries: int = 2, start_timeout: float = 120.0,
                close_timeout: float = 10.0, *, address: str = "", worker_cpus: float = 1.0):
-    if num_workers < 1:
-      raise ValueError(f"RayEnvPool: num_workers={num_workers} must be >= 1")
-    if max_retries < 0:
-      raise ValueError(f"RayEnvPool: max_retries={max_retries} must be >= 0")
     if worker_cpus <= 0:
       raise ValueError(f"RayEnvPool: worker_cpus={worker_cpus} must be > 0")
-    self.spec = registry.resolve(spec)  # a kind registered here means nothing to a worker on another node
-    self.num_workers = num_workers
-    self.step_timeout = step_timeout
-    self.reset_timeout = reset_timeout
-    self.start_timeout = start_timeout
-    self.close_timeout = close_timeout
-    self.max_retries = max_retries
+    self._set_up(spec, num_workers, step_timeout, reset_timeout, max_retries, start_timeout, close_timeout)
     self.worker_cpus = worker_cpus
-    self.restarts = 0
-    self.failures: list[str] = []
-    self._id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    self._generation = itertools.count()
-    self._episodes: list[_Episode | None] = [None] * num_workers
     self._workers: list[_Actor] = []
-    self._in_round = False
     self._closed = True  # until Ray is connected: close() has nothing to release
     # A local instance declares enough CPUs for every actor (they mostly wait on their browsers).
     _acquire_ray(address, max(os.cpu_count() or 1, math.ceil(num_workers * worker_cpus)))
