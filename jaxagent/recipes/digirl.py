@@ -305,6 +305,7 @@ def stage_online(config, workdir, out):
   else:
     data, actor, prev_critics = Data(), os.path.join(workdir, "il"), None
   n, max_lag = int(config.online.iterations), int(config.online.max_lag)
+  features: dict[int, list] = {}  # round -> its screen features, computed by the collector once
 
   def collect(i, behaviour):
     """Round i's rollouts by `behaviour` (the actor `max_lag` updates back at most) and their screen features."""
@@ -313,7 +314,7 @@ def stage_online(config, workdir, out):
                      os.path.join(o, "store"), f"actor@online{i}", int(config.seed) + 10 + i,
                      meta={"behaviour_actor": behaviour, "policy_lag": collector.lag(i)})
     store = TrajectoryStore(os.path.join(o, "store"))
-    screen_features(config, workdir, store, rollout.episodes(store), os.path.join(o, "feats.npz"))
+    features[i] = screen_features(config, workdir, store, rollout.episodes(store), os.path.join(o, "feats.npz"))
     return {"success": success_rate(trajs), "behaviour": behaviour, "lag": collector.lag(i),
             "collect_s": time.monotonic() - t0}
 
@@ -326,8 +327,10 @@ def stage_online(config, workdir, out):
       rollouts = inner.run(f"{name}_rollouts", lambda o, i=i: collector.result(i))
       store = TrajectoryStore(os.path.join(inner.dir(f"{name}_rollouts"), "store"))
       trajs = rollout.episodes(store)
-      data.add(store, trajs, screen_features(config, workdir, store, trajs,
-                                             os.path.join(inner.dir(f"{name}_rollouts"), "feats.npz")))
+      feats = features.pop(i, None)  # a round finished in an earlier run: read from its cache
+      if feats is None:
+        feats = screen_features(config, workdir, store, trajs, os.path.join(inner.dir(f"{name}_rollouts"), "feats.npz"))
+      data.add(store, trajs, feats)
       if digirl:
         start = restore_critics(config, data, *prev_critics) if prev_critics else None
         inner.run(f"{name}_critics", lambda o, start=start: train_critics(config, data, o, blocks, start)[2])
