@@ -67,6 +67,7 @@ def run(config, workdir: str) -> dict:
       summaries[f"iter{k}/train"] = stages.run(f"iter{k}/train", lambda out: stage_optimize(config, workdir, out, k))
       collector.publish(k, k)
       summaries[f"iter{k}/eval"] = stages.run(f"iter{k}/eval", lambda out: stage_eval(config, workdir, out, k))
+  summaries["held_out"] = held_out(config, workdir)
   results = collect_results(config, summaries)
   if distributed.is_main():
     write_json(os.path.join(workdir, "results.json"), results)
@@ -231,8 +232,21 @@ def collect_results(config, summaries: dict) -> dict:
     rows.append(row)
   il, last = rows[0]["test_success_rate"], rows[-1]["test_success_rate"]
   return {"per_iteration": rows, "teacher_success": summaries["il/data"].get("teacher_success"),
+          "held_out": summaries["held_out"],
           "last_minus_il_points": 100 * (last - il),
           "monotone": all(b["test_success_rate"] >= a["test_success_rate"] for a, b in zip(rows, rows[1:]))}
+
+
+def training_intents(config, workdir) -> set[str]:
+  """Every intent the run trains on: the teacher's IL queries and every iteration's exploration queries (a
+  `released` teacher's folders are its own and are not checked)."""
+  names = ["il"] + [f"iter{k}" for k in range(1, int(config.iterations) + 1)]
+  return {t.intent for name in names for t in _queries(workdir, name)}
+
+
+def held_out(config, workdir) -> bool:
+  """Whether no test query's intent is among the training queries' (the protocol's held-out rule)."""
+  return not {t.intent for t in _queries(workdir, "test")} & training_intents(config, workdir)
 
 
 def results_table(results: dict) -> str:
@@ -244,4 +258,6 @@ def results_table(results: dict) -> str:
     lines.append(f"{r['stage']:<7} {r['test_success_rate']:12.1%}  {r['episodes']:8d}  {ex:>24}  "
                  f"{r.get('new_samples', ''):>11}  {mw:>7}")
   lines.append(f"last − IL: {results['last_minus_il_points']:+.1f} points; non-decreasing: {results['monotone']}")
+  lines.append("held-out: the test intents are in no IL or exploration query" if results.get("held_out") else
+               "NOT held-out: a test intent is among the training queries")
   return "\n".join(lines)

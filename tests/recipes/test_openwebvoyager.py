@@ -173,6 +173,22 @@ def test_query_sets_are_disjoint_and_tagged():
   assert all(t.id.endswith("@iter1") for t in sets["iter1"])
 
 
+def test_the_default_tests_on_intents_in_no_training_query(tmp_path):
+  """The protocol's rule on the default config: the test queries' intents are in neither the IL queries nor
+  any iteration's exploration queries; `held_out` turns False when a test intent joins them."""
+  from configs import openwebvoyager as owv_config
+  from jaxagent.pipeline.tasks import read_tasks, write_tasks
+  from jaxagent.recipes import openwebvoyager
+
+  config, workdir = owv_config.get_config(), str(tmp_path)
+  sizes = openwebvoyager.stage_tasks(config, os.path.join(workdir, "tasks"))
+  assert sizes["test"] == 8 and sizes["il"] + sizes["iter1"] + sizes["iter2"] == 22
+  assert openwebvoyager.held_out(config, workdir)
+  path = os.path.join(workdir, "tasks", "iter2.jsonl")
+  write_tasks(path, read_tasks(path) + read_tasks(os.path.join(workdir, "tasks", "test.jsonl"))[:1])
+  assert not openwebvoyager.held_out(config, workdir)
+
+
 def test_query_sets_wrap_around_with_distinct_ids():
   """A set larger than the split (the 8-task test split evaluated 20 times) repeats queries under new ids, so
   the store keeps every episode; each query appears 2 or 3 times."""
