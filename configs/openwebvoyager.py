@@ -38,7 +38,8 @@ def get_config(arg=None):
   c.model = config_lib.vlm_model()
   c.data = ml_collections.ConfigDict()
   c.data.tokenizer = ""  # "" = the embedded byte-level BPE (or the HF checkpoint's own)
-  c.data.seq_len = 512  # the 16-line tree: ≤ ~420 tokens at step 4
+  # The 16-line tree: ≤ ~420 prompt tokens at step 4; a later step with three screenshots and a reply reached 517.
+  c.data.seq_len = 640
   c.data.image_size = 32
   c.data.max_images = 3  # ≤3 screenshots per sample (§2.2)
   c.data.num_threads = 2
