@@ -18,6 +18,12 @@ Keys a researcher changes first:
   prompt_chars      where the prompt cuts history + HTML (the original's 15872; 2048 keeps the default's
                     category pages up to their sort links, and every sequence under ~2k tokens on a CPU)
   reward            orm (the recipe's reward, as in WebRL) | judge (the programmatic verdict: an oracle ablation)
+  early_stop        parse_failures / repeats: end an episode after that many consecutive unparsable replies /
+                    identical replies (VAB run.py's rule, 5 and 5 in WebRL's evaluation); 0 turns one off
+  curriculum.generator
+                    variations (offline: other parameters of the failed task's template, each with its
+                    evaluator) | openai (gen_task.py's GPT-4o prompt at `curriculum.openai.base_url`, any
+                    OpenAI-compatible endpoint; its tasks have no evaluator, the ORM rewards them; needs reward=orm)
 
 Variants (`configs/webrl.py:<name>`):
   smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
@@ -51,6 +57,8 @@ def get_config(arg=None):
   c.data.num_threads = 2
 
   c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6))
+  # VAB run.py's early stop, as WebRL's evaluation ran it: after k consecutive parse failures or identical replies.
+  c.early_stop = ml_collections.ConfigDict(dict(parse_failures=5, repeats=5))  # 0 turns a rule off
   c.env = config_lib.env_block(workers=2)
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=64, max_batch=16))
   c.scoring = ml_collections.ConfigDict(dict(batch=4))  # rows per forward pass when scoring samples
@@ -67,6 +75,11 @@ def get_config(arg=None):
 
   c.phases = 2
   c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
+  c.curriculum.generator = "variations"  # variations | openai
+  # generator=openai: gen_task.py's requests (per site `turns` of min(`seeds`, |failed|) failed intents), to any
+  # OpenAI-compatible endpoint; the key is read from $`api_key_env`.
+  c.curriculum.openai = ml_collections.ConfigDict(dict(
+      base_url="", model="gpt-4o-2024-05-13", turns=2, seeds=10, api_key_env="OPENAI_API_KEY", max_tokens=4096))
   # `max_lag` L > 0: phase t's curriculum and rollouts run (by π_{t−1−L}) while π_{t−1} trains, once
   # phase t−1's critic exists (pipeline/async_collect.py); 0 = the original's order.
   c.rollout = ml_collections.ConfigDict(dict(temperature=1.0, max_lag=0))

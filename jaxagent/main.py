@@ -121,6 +121,8 @@ def main(argv):
   recipe = recipes.get(config.recipe)
   try:  # before any work: a bad value would otherwise surface stages later
     validate(config, getattr(recipe, "CHOICES", {}), getattr(recipe, "LISTS", {}))
+    if hasattr(recipe, "check_config"):  # the recipe's rules across keys (a key another one makes required)
+      recipe.check_config(config)
     seeds = seeds_lib.parse_seeds(_SEEDS.value) if _SEEDS.value else None
   except (ConfigError, ValueError) as e:
     sys.exit(f"FATAL config error: {e}")

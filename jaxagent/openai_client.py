@@ -62,6 +62,7 @@ class ClientConfig:
   api_key_file: str = ""
   max_tokens: int = 1000
   temperature: float = 0.0
+  top_p: float | None = None  # None: not sent (the server's default)
   seed: int | None = 42
   timeout_s: float = 60.0  # wall-clock limit of one HTTP attempt (not per read)
   deadline_s: float = 0.0  # wall-clock limit of a whole request, retries and backoff included; 0 -> 4 × timeout_s
@@ -140,8 +141,11 @@ class OpenAIClient:
 
   # ---- cache
   def _request(self, messages: list[fmt_base.Message]) -> dict[str, Any]:
-    return {"model": self.config.model, "messages": fmt_base.to_openai_messages(messages, self.config.image_root),
-            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature, "seed": self.config.seed}
+    request = {"model": self.config.model, "messages": fmt_base.to_openai_messages(messages, self.config.image_root),
+               "max_tokens": self.config.max_tokens, "temperature": self.config.temperature, "seed": self.config.seed}
+    if self.config.top_p is not None:  # only when set, so the cache keys of requests without it stay the same
+      request["top_p"] = self.config.top_p
+    return request
 
   def _cache_path(self, request: dict[str, Any]) -> str | None:
     if not self.config.cache_dir:

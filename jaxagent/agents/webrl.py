@@ -5,7 +5,8 @@ Sources (`reference/algorithms.md` §3.3–3.6):
     identical to THUDM/WebRL:scripts/process_data.py:format_prompt (training side);
   * parser: VAB-WebArena-Lite/new/actions.py:create_webrl_id_based_action, ported line by line
     (`ast.parse(mode='eval')` + `ast.literal_eval`, never `eval`);
-  * ORM input: THUDM/WebRL:scripts/process_data.py:rm_format and add_overall_reward.
+  * ORM input: THUDM/WebRL:scripts/process_data.py:rm_format and add_overall_reward;
+  * early stop: VAB-WebArena-Lite/new/run.py:early_stop (`early_stop`).
 
 Faithful quirks kept (and tested):
   * comment stripping returns the text after the LAST occurrence of the first of `exit(`, `do(`,
@@ -64,6 +65,22 @@ def compact_html(html: str) -> str:
   """The simplified HTML with the original parser's attributes only and without `data-bbox`: about half the
   tokens, the element ids and texts unchanged."""
   return _EXTRA_ATTRS.sub("", html)
+
+
+def early_stop(steps: Sequence[Step], parse_failures: int = 5, repeats: int = 5) -> str:
+  """VAB `run.py:early_stop` as WebRL's evaluation runs it (`wa_parallel_run_webrl.sh`: both thresholds 5, and
+  `actions` passed): the reason to end the episode, or "" to go on.
+
+  Both rules look at the last k steps only (consecutive): k parse failures (`invalid` actions), checked first;
+  k replies equal to the last one as raw text (for `webrl_id` the compared action string is the model's
+  `raw_prediction`, so the comment lines count and parse failures are compared too). k = 0 turns a rule off
+  (the original would stop at once)."""
+  if parse_failures > 0 and len(steps) >= parse_failures and all(
+      s.action is not None and s.action.kind == ActionKind.INVALID for s in steps[-parse_failures:]):
+    return f"Failed to parse actions for {parse_failures} times"
+  if repeats > 0 and len(steps) >= repeats and all(s.action_text == steps[-1].action_text for s in steps[-repeats:]):
+    return f"Same action for {repeats} times"
+  return ""
 
 
 def training_target(action_text: str) -> str:

@@ -13,7 +13,7 @@ import os
 from typing import Mapping, Sequence
 
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
-COUNT_KEYS = ("max_lag",)  # config keys (last component) holding a count: an int >= 0
+COUNT_KEYS = ("max_lag", "parse_failures", "repeats")  # config keys (last component) holding a count: an int >= 0
 
 
 class ConfigError(ValueError):

@@ -181,11 +181,12 @@ def screen_features(loaded, screens: Sequence[np.ndarray], batch: int = 32) -> n
 
 
 def rollout(config, spec, policy, tasks, store_dir, name, *, gamma: float, judge=None,
-            meta: dict | None = None) -> list[types.Trajectory]:
+            meta: dict | None = None, early_stop=None) -> list[types.Trajectory]:
   """`pipeline.rollout.rollout` with the recipe's env block, judge (programmatic unless given) and progress bar;
-  `meta` goes into every new trajectory's meta."""
+  `meta` goes into every new trajectory's meta; `early_stop` as in `rl.collector.collect`."""
   return rollout_lib.rollout(spec, config.env, policy, tasks, store_dir, judge=judge or ProgrammaticJudge(),
-                             name=name, gamma=gamma, progress=bool(config.train.progress_bar), meta=meta)
+                             name=name, gamma=gamma, progress=bool(config.train.progress_bar), meta=meta,
+                             early_stop=early_stop)
 
 
 def demo_samples(workdir: str) -> list[dict]:

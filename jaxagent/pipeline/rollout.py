@@ -156,15 +156,16 @@ class Rollouts:
 
   def run(self, policy: types.Policy, tasks: Sequence[types.Task], store: str | TrajectoryStore, *,
           judge: types.Judge | None, name: str, gamma: float = 1.0, parse: Callable[[str], types.Action] | None = None,
-          obs_text=None, process: tuple[int, int] | None = None, meta: dict | None = None
-          ) -> list[types.Trajectory]:
+          obs_text=None, process: tuple[int, int] | None = None, meta: dict | None = None,
+          early_stop: Callable[[list[types.Step]], str] | None = None) -> list[types.Trajectory]:
     """Every task once (those not yet in `store`), judged; all of `tasks`' trajectories, in task order. Under
     `jax.distributed` this process runs its share into its shard of `store`, and every process returns all of
     them once all have finished (a barrier: call it on every process).
 
     `parse` defaults to the policy's agent format (`policy.fmt.parse`); `obs_text` to that format's observation
     text (see `rl.collector.collect`); `process` = (index, count) to run as (default: this JAX process's); `meta`
-    is added to every new trajectory's `meta` (e.g. the behaviour policy's version and lag)."""
+    is added to every new trajectory's `meta` (e.g. the behaviour policy's version and lag); `early_stop` ends an
+    episode early when it gives a reason (`rl.collector.collect`)."""
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     index, count = process or (distributed.process_index(), distributed.process_count())
     have, errored = stored_ids(store), errored_counts(store)
@@ -176,7 +177,7 @@ class Rollouts:
       writer = store if count == 1 else TrajectoryStore(shard_dir(store.path, index))
       collect(self._pool(len(todo)), policy, parse or policy.fmt.parse, todo, store=writer, judge=judge,
               gamma=gamma, obs_text=obs_text, progress=self.progress, policy_name=name, keep_screenshots=False,
-              prepare=(lambda traj: traj.meta.update(meta)) if meta else None)
+              prepare=(lambda traj: traj.meta.update(meta)) if meta else None, early_stop=early_stop)
     distributed.barrier(f"rollouts {name} into {os.path.basename(store.path)}")  # every shard complete
     by_id = stored_by_id(store)
     return [by_id[t.id] for t in tasks if t.id in by_id]

@@ -9,30 +9,38 @@ resumes the running one: rollouts by episode id, trainings from their Orbax chec
             steps (π_0, the original's SFT checkpoint; also the ORM's start and the critic's trunk)
   orm       π_0's rollouts on train tasks, judged by the sites' programs → the ORM trained to answer YES/NO on
             them and the demonstrations; its agreement with the judge on held-out episodes
-  phase<t>  curriculum (tasks from phase t−1's failures, `proj.webrl.curriculum`, through the critic filter)
+  phase<t>  curriculum (tasks from phase t−1's failures, `proj.webrl.curriculum`: other parameters of their
+            templates, or with `curriculum.generator=openai` what an LLM writes from them, less any test intent;
+            through the critic filter)
             → rollouts of π_{t−1} (with `rollout.max_lag` L > 0: of π_{t−1−L}, collected while π_{t−1}
             trains) → ORM labels (the reward; the judge's verdict kept to measure the ORM)
             → critic (continues phase t−1's on this phase's steps and the replay) → actor π_t from π_{t−1}
             with π_ref = π_{t−1} on this phase's steps and the replayed successes (`proj.webrl.replay`)
   eval      π_0 and every phase's actor on the same held-out test episodes at `eval.temperature`:
             `results.json`, TensorBoard, a table
+
+Every policy rollout (ORM data, phases, evaluation) ends early by VAB's rule (`config.early_stop`,
+`agents.webrl.early_stop`). Generated tasks have no evaluator: the judge leaves them unjudged, so judge success
+rates and the ORM's agreement count judged episodes only.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 from typing import Sequence
 
 import numpy as np
 
 from jaxagent import types
-from jaxagent.agents.webrl import WebRL, current_html
+from jaxagent.agents.webrl import WebRL, current_html, early_stop
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout, scoring
 from jaxagent.pipeline import tasks as tasks_lib
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import ConfigError, stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import inference_mesh, load_vlm_policy
 from jaxagent.pipeline.stages import Stages, read_json, write_json
@@ -49,10 +57,30 @@ CHOICES = {
     "reward": ("orm", "judge"),
     "demos.split": ("train", "train_a", "train_b"),
     "actor.loss": ("code", "paper", "sft"),
+    "curriculum.generator": ("variations", "openai"),
 }
 
 
+def check_config(config) -> None:
+  """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work)."""
+  if config.curriculum.generator != "openai":
+    return
+  gen = config.curriculum.openai
+  if not gen.base_url:
+    raise ConfigError("config.curriculum.openai.base_url is required with curriculum.generator=openai; set "
+                      "--config.curriculum.openai.base_url=http://HOST:PORT/v1 (any OpenAI-compatible endpoint)")
+  for key in ("turns", "seeds"):
+    if isinstance(gen[key], bool) or not isinstance(gen[key], int) or gen[key] < 1:
+      raise ConfigError(f"config.curriculum.openai.{key}={gen[key]!r}: must be a whole number >= 1; set "
+                        f"--config.curriculum.openai.{key}=1 (or more)")
+  if config.reward == "judge":
+    raise ConfigError("config.reward='judge' needs a verdict on every episode, and curriculum.generator=openai "
+                      "writes tasks without an evaluator; set --config.reward=orm or "
+                      "--config.curriculum.generator=variations")
+
+
 def run(config, workdir: str) -> dict:
+  check_config(config)
   stages = Stages(workdir, "webrl", config)
   stages.run("tasks", lambda out: tasks_lib.stage_tasks(config, out, "text"))
   stages.run("sft", lambda out: stage_sft(config, workdir, out))
@@ -93,10 +121,22 @@ def _prompt_fn(fmt: WebRL):
   return lambda obs, history: ([{"from": "human", "value": fmt.build_prompt(obs.intent, obs, history)}], [])
 
 
+def early_stop_rule(config):
+  """`agents.webrl.early_stop` at `config.early_stop`'s thresholds; None when both are 0."""
+  k = {"parse_failures": int(config.early_stop.parse_failures), "repeats": int(config.early_stop.repeats)}
+  return functools.partial(early_stop, **k) if any(k.values()) else None
+
+
 def _rollout(config, model_dir: str, temperature: float, tasks, store_dir: str, name: str, seed: int, meta=None):
   fmt = agent_format(config)
   actor = load_vlm_policy(model_dir, config, fmt, _prompt_fn(fmt), temperature, seed)
-  return device.rollout(config, env_spec(config), actor, tasks, store_dir, name, gamma=data.GAMMA, meta=meta)
+  return device.rollout(config, env_spec(config), actor, tasks, store_dir, name, gamma=data.GAMMA, meta=meta,
+                        early_stop=early_stop_rule(config))
+
+
+def _judged(trajs: Sequence[types.Trajectory]) -> list[types.Trajectory]:
+  """The episodes with a programmatic verdict (a generated task has none)."""
+  return [x for x in trajs if x.success is not None]
 
 
 def _step_samples(trajs: Sequence[types.Trajectory]) -> list[dict]:
@@ -210,12 +250,10 @@ def collect_phase(config, workdir: str, t: int, behaviour: str) -> dict:
   phase = phase_stages(config, workdir, t)
 
   def stage_curriculum(out):
-    pool = device.suite(workdir, "train")
-    failed = _previous_failures(workdir, t)
     want = int(config.curriculum.tasks)
-    candidates = curriculum.variations(failed, pool, 2 * want if config.curriculum.critic_filter else want,
-                                       int(config.seed) + 100 + t, f"p{t}.")
-    kept, info = candidates[:want], {"failed_seeds": len(failed), "candidates": len(candidates)}
+    n = 2 * want if config.curriculum.critic_filter else want
+    candidates, info = curriculum_candidates(config, workdir, t, n, out)
+    kept = candidates[:want]
     if config.curriculum.critic_filter and t > 1:  # phase 1 has no trained critic to filter with
       pages = start_pages(workdir)
       prompts = [curriculum.round0_prompt(c.intent, pages.get(c.site, "")) for c in candidates]
@@ -237,9 +275,42 @@ def collect_phase(config, workdir: str, t: int, behaviour: str) -> dict:
     trajs = _rollout(config, behaviour, float(config.rollout.temperature), tasks, os.path.join(out, "store"),
                      f"actor{t - 1 - lag}@phase{t}", int(config.seed) + 10 * t,
                      meta={"behaviour_actor": behaviour, "policy_lag": lag})
-    return {"episodes": len(trajs), "judge_success": success_rate(trajs), "behaviour": behaviour, "lag": lag}
+    return {"episodes": len(trajs), "judged": len(_judged(trajs)), "judge_success": success_rate(_judged(trajs)),
+            "early_stops": sum("early_stop" in x.meta for x in trajs), "behaviour": behaviour, "lag": lag}
 
   return phase.run("rollouts", stage_rollouts)
+
+
+def curriculum_candidates(config, workdir: str, t: int, n: int, out: str) -> tuple[list[types.Task], dict]:
+  """Phase t's candidate tasks from phase t−1's failures, and their summary: `n` variations of the failed tasks'
+  templates, or (`curriculum.generator=openai`) what the LLM writes from them (from the train pool when nothing
+  failed), less those whose intent is a test intent, shuffled. Process 0 asks the LLM once; its tasks are kept
+  in `out/generated.jsonl` (a resumed stage asks no more; none kept: a rerun asks again) and read by every
+  process."""
+  pool = device.suite(workdir, "train")
+  failed = _previous_failures(workdir, t)
+  info = {"failed_seeds": len(failed)}
+  if config.curriculum.generator != "openai":
+    candidates = curriculum.variations(failed, pool, n, int(config.seed) + 100 + t, f"p{t}.")
+    return candidates, {**info, "candidates": len(candidates)}
+  path, stats_path = os.path.join(out, "generated.jsonl"), os.path.join(out, "generated.json")
+  if distributed.is_main() and not os.path.exists(path):
+    generator = curriculum.OpenAIGenerator(config.curriculum.openai)
+    written, lost = generator.generate(failed or pool, int(config.seed) + 100 + t, f"p{t}.")
+    kept, dropped = curriculum.drop_intents(written, [x.intent for x in device.suite(workdir, "test")])
+    random.Random(int(config.seed) + 200 + t).shuffle(kept)  # `n` and the filter cut sites evenly
+    stats = generator.stats
+    write_json(stats_path, {"generated": len(written), "test_intent_drops": dropped, "turns_without_reply": lost,
+                            "requests": stats.requests, "prompt_tokens": stats.prompt_tokens,
+                            "completion_tokens": stats.completion_tokens})
+    if kept:
+      tasks_lib.write_tasks(path, kept)
+  distributed.barrier(f"webrl/phase{t}: generated tasks")
+  candidates = tasks_lib.read_tasks(path) if os.path.exists(path) else []
+  if not candidates:
+    raise RuntimeError(f"curriculum.generator=openai wrote no usable task ({read_json(stats_path)}); check "
+                       f"{config.curriculum.openai.base_url} and ${config.curriculum.openai.api_key_env}")
+  return candidates, {**info, **read_json(stats_path), "candidates": len(candidates)}
 
 
 def _actor_phase(workdir: str, actor: str) -> int:
@@ -267,7 +338,8 @@ def learn_phase(config, workdir: str, t: int, collector: async_collect.AsyncColl
     rewards = _rewards(config, trajs, labels)
     tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [x.task for x, r in zip(trajs, rewards) if r < 1.0])
     return {"episodes": len(trajs), "orm_success": float(np.mean(probs >= 0.5)) if len(trajs) else 0.0,
-            "judge_success": success_rate(trajs), "orm_vs_judge": orm.agreement(probs, [x.success for x in trajs])}
+            "judge_success": success_rate(_judged(trajs)),
+            "orm_vs_judge": orm.agreement(probs, [x.success for x in trajs])}  # judged episodes only
 
   phase.run("labels", stage_labels)
   rewards = _rewards(config, trajs, read_json(os.path.join(base, "labels", "orm.json")))

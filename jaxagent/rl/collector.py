@@ -6,10 +6,11 @@ unparsable text is an `invalid` action, which the env executes as a no-op and wh
 next observation's `error`), and the pool steps all slots at once while slots whose episode just ended are
 reset with the next task in the same round, so no browser idles while tasks remain.
 
-An episode ends when the env says done, the agent answers (`Action.ends_episode`), or it reaches
-`task.max_steps` (status "truncated"). A crash restarts it from scratch (the steps of the failed attempt are
-dropped, the error kept in `meta["errors"]`); once the pool's retries are exhausted it is returned with status
-"errored". Every task gives exactly one trajectory, in the order of `tasks`.
+An episode ends when the env says done, the agent answers (`Action.ends_episode`), it reaches
+`task.max_steps` (status "truncated"), or `early_stop` gives a reason (status "completed"). A crash restarts it
+from scratch (the steps of the failed attempt are dropped, the error kept in `meta["errors"]`); once the pool's
+retries are exhausted it is returned with status "errored". Every task gives exactly one trajectory, in the
+order of `tasks`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
             tasks: Sequence[types.Task], store: TrajectoryStore | None = None, progress: bool = True, *,
             gamma: float = 1.0, judge: types.Judge | None = None, obs_text: ObsText | None = None,
             policy_name: str = "", keep_screenshots: bool = True,
-            prepare: Callable[[types.Trajectory], None] | None = None) -> list[types.Trajectory]:
+            prepare: Callable[[types.Trajectory], None] | None = None,
+            early_stop: Callable[[list[types.Step]], str] | None = None) -> list[types.Trajectory]:
   """Runs every task once; returns their trajectories in task order (also appended to `store` if given).
 
   Args:
@@ -59,6 +61,10 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
       store either way); False saves memory on long runs.
     prepare: called on each finished, judged trajectory before it is stored (to keep more of its observations
       in `Step.info`): every episode is in the store as soon as it ends, so a killed collection loses none.
+    early_stop: `(steps so far) -> reason` checked after each step that neither ended nor truncated the
+      episode (e.g. `agents.webrl.early_stop`); a non-empty reason ends it as the original's stop action does
+      (VAB `run.py`): status "completed", answer "Early stop: <reason>" (what the judge reads), the reason
+      in `meta["early_stop"]`.
   """
   obs_text = obs_text or _default_obs_text(parse)
   queue = collections.deque(enumerate(tasks))
@@ -130,6 +136,9 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
           finish(slot, "truncated" if result.info.get("truncated") else "completed")
         elif len(ep.traj.steps) >= ep.traj.task.max_steps:
           finish(slot, "truncated")
+        elif early_stop is not None and (reason := early_stop(ep.traj.steps)):
+          ep.traj.meta["early_stop"], ep.traj.answer = reason, f"Early stop: {reason}"
+          finish(slot, "completed")
       resets, steps, texts = {}, {}, {}
       if live:
         slots = sorted(live)

@@ -109,3 +109,49 @@ def test_orm_prompt_golden():
       "<|start_header_id|>user<|end_header_id|>\n\nThe User Intent:\nFind the price\n\nAction History:\n"
       "# Element: x; do(action=\"Click\", element=\"1\")\nexit(message=\"3\")\n\nThe Current Screenshot:\n"
       "<html> </html><|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+# ------------------------------------------------- early stop (VAB-WebArena-Lite/new/run.py:early_stop)
+
+CLICK = '# Element: the cart\ndo(action="Click", element="7")'
+
+
+def _steps(*texts):
+  """Steps as the collector records them: the raw reply and its parse."""
+  fmt = get_format("webrl")
+  return [Step(step=i, action_text=t, action=fmt.parse(t)) for i, t in enumerate(texts)]
+
+
+def test_early_stop_after_5_consecutive_parse_failures():
+  garbage = [f"I think I should click {i}" for i in range(5)]  # all different: no repeat
+  assert all(s.action.kind == ActionKind.INVALID for s in _steps(*garbage))
+  assert webrl.early_stop(_steps(*garbage[:4])) == ""
+  assert webrl.early_stop(_steps(*garbage)) == "Failed to parse actions for 5 times"
+  # the last 5 only: a valid action earlier does not matter, one among the last 5 resets the count
+  assert webrl.early_stop(_steps(CLICK, *garbage)) == "Failed to parse actions for 5 times"
+  assert webrl.early_stop(_steps(*garbage[:2], CLICK, *garbage[2:])) == ""
+  assert webrl.early_stop(_steps(*garbage[:2], CLICK, *garbage[2:], "more junk")) == ""
+  assert webrl.early_stop(_steps(*garbage[:2], CLICK, *garbage[2:], "more junk", "and more")) != ""
+
+
+def test_early_stop_after_5_identical_replies_compared_as_raw_text():
+  assert webrl.early_stop(_steps(*[CLICK] * 4)) == ""
+  assert webrl.early_stop(_steps(*[CLICK] * 5)) == "Same action for 5 times"
+  assert webrl.early_stop(_steps('do(action="Scroll Down")', *[CLICK] * 5)) == "Same action for 5 times"
+  # consecutive only: another reply in between resets it
+  assert webrl.early_stop(_steps(*[CLICK] * 3, 'do(action="Scroll Down")', *[CLICK] * 2)) == ""
+  # the same action with another comment is another string (VAB compares `raw_prediction`)
+  other_comment = '# Element: the cart icon\ndo(action="Click", element="7")'
+  assert get_format("webrl").parse(other_comment) == get_format("webrl").parse(CLICK)
+  assert webrl.early_stop(_steps(*[CLICK] * 4, other_comment)) == ""
+  # the same garbage five times is a parse failure first (that rule is checked first)
+  assert webrl.early_stop(_steps(*["junk"] * 5)) == "Failed to parse actions for 5 times"
+  assert webrl.early_stop(_steps(*["junk"] * 5), parse_failures=0) == "Same action for 5 times"
+
+
+def test_early_stop_thresholds_and_zero_turns_a_rule_off():
+  assert webrl.early_stop(_steps(*["a", "b", "c"]), parse_failures=3) == "Failed to parse actions for 3 times"
+  assert webrl.early_stop(_steps(*[CLICK] * 2), repeats=2) == "Same action for 2 times"
+  assert webrl.early_stop(_steps(*[CLICK] * 9), repeats=0) == ""
+  assert webrl.early_stop(_steps(*["junk"] * 9), parse_failures=0, repeats=0) == ""
+  assert webrl.early_stop([]) == ""

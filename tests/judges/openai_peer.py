@@ -4,7 +4,8 @@ It answers `POST /v1/chat/completions` with canned replies that depend on the re
 the right verdict: a WebVoyager-protocol answer containing "correct" -> "... SUCCESS", "wrong" ->
 "... NOT SUCCESS", anything else -> a reply with neither; a DigiRL-protocol task containing "succeed"
 -> "Status: success", else "Status: failure"; WebArena's fuzzy-match prompt -> "correct" iff the
-reference appears in the student answer. In fault mode a seeded RNG makes a fraction of requests
+reference appears in the student answer; WebRL's task-creator prompt (`gen_task.py`) -> three backticked tasks
+(`creator_reply`). In fault mode a seeded RNG makes a fraction of requests
 fail with 429 (with Retry-After), 500, a timeout (the reply comes after the client gave up), a body that
 is not JSON, or a 200 without `choices`.
 """
@@ -15,6 +16,7 @@ import collections
 import http.server
 import json
 import random
+import re
 import threading
 import time
 
@@ -39,6 +41,13 @@ class PeerState:
       return "ok"
 
 
+def creator_reply(site: str, seeds: list[str]) -> str:
+  """GPT-4o's shape of answer to gen_task.py: prose, then numbered backticked tasks: one from the first seed, one
+  the same for every request on `site`, one from the last seed."""
+  return (f"Here are some new tasks for {site}:\n\n1. `Find {seeds[0]} again`\n"
+          f"2. `Show the newest {site} items`\n3. `Compare {seeds[-1]} with the cheapest one`\n\nEnjoy!")
+
+
 def canned_reply(body: dict) -> str:
   texts = []
   for m in body["messages"]:
@@ -47,6 +56,9 @@ def canned_reply(body: dict) -> str:
     else:
       texts += [p["text"] for p in m["content"] if p.get("type") == "text"]
   joined = "\n".join(texts)
+  if joined.startswith("You are a smart task creator"):  # WebRL's gen_task.py
+    site = joined.split("when they use ", 1)[1].split(" in their daily lives", 1)[0]
+    return creator_reply(site, re.findall(r"^- `([^`]+)`$", joined.split("#Given Task#\n")[-1], flags=re.M))
   if "Help a teacher to grade the answer of a student" in joined:  # WebArena's llm_fuzzy_match
     reference = joined.split("reference answer: ", 1)[1].split("\n", 1)[0]
     student = joined.split("student answer: ", 1)[1].split("\n", 1)[0]

@@ -111,7 +111,7 @@ def test_with_lag_the_next_phase_collects_while_the_actor_trains(pipeline, tmp_p
 
 
 @pytest.mark.parametrize("key,value", [("actor.loss", "ppo"), ("html", "raw"), ("reward", "gpt4"),
-                                       ("model.kind", "vlm")])
+                                       ("model.kind", "vlm"), ("curriculum.generator", "gpt4o")])
 def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
   config = webrl_config.get_config()
   validate(config, webrl.CHOICES, {})
@@ -120,6 +120,30 @@ def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
   (config[section] if section else config)[leaf] = value
   with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
     validate(config, webrl.CHOICES, {})
+
+
+@pytest.mark.parametrize("key,value", [("early_stop.parse_failures", -1), ("early_stop.repeats", -2)])
+def test_a_bad_early_stop_threshold_is_refused_naming_the_key(key, value):
+  config = webrl_config.get_config()
+  section, leaf = key.split(".")
+  config[section][leaf] = value
+  with pytest.raises(ConfigError, match=rf"config\.{section}\.{leaf}={value!r}: must be a whole number >= 0"):
+    validate(config, webrl.CHOICES, {})
+
+
+def test_every_policy_rollout_ends_by_the_configured_early_stop(monkeypatch):
+  config = webrl_config.get_config()
+  assert webrl.early_stop_rule(config).keywords == {"parse_failures": 5, "repeats": 5}
+  seen = []
+  monkeypatch.setattr(webrl, "load_vlm_policy", lambda *args: "the actor")
+  monkeypatch.setattr(webrl.device, "rollout", lambda *args, **kwargs: seen.append(kwargs["early_stop"]) or [])
+  webrl._rollout(config, "sft", 0.0, [], "store", "sft", 0)  # the ORM data's, the phases' and the evaluation's
+  assert seen[0].keywords == {"parse_failures": 5, "repeats": 5}
+  config.early_stop.update(parse_failures=0, repeats=3)
+  webrl._rollout(config, "sft", 0.0, [], "store", "sft", 0)
+  assert seen[1].keywords == {"parse_failures": 0, "repeats": 3}
+  config.early_stop.repeats = 0
+  assert webrl.early_stop_rule(config) is None
 
 
 def test_compact_html_keeps_the_ids_the_actions_name():

@@ -148,3 +148,36 @@ def test_crashes_retry_then_error_and_no_task_is_lost(pool, tmp_path):
   assert len(trajs[1].meta["errors"]) == 1 and "exit code 9" in trajs[1].meta["errors"][0]
   assert trajs[2].status == "errored" and trajs[2].attempts == 2 and "exit code 9" in trajs[2].error
   assert trajs[0].status == trajs[3].status == "completed"
+
+
+class ConstantPolicy:
+  """Replies `text` to every observation."""
+
+  def __init__(self, text):
+    self.text = text
+
+  def act(self, observations, histories):
+    return [self.text] * len(observations)
+
+
+def test_early_stop_ends_an_episode_with_its_reason(pool, tmp_path):
+  from jaxagent.agents.webrl import early_stop
+  store = TrajectoryStore(tmp_path)
+  tasks = [_task(0, max_steps=9), _task(1, max_steps=5), _task(2, fumbles=2, max_steps=9)]
+  trajs = collector.collect(pool, ConstantPolicy("garbage"), parse, tasks[:2], store=store, progress=False,
+                            judge=RewardJudge(), early_stop=early_stop)
+  t = trajs[0]  # garbage every step: VAB's 5 parse failures
+  assert len(t.steps) == 5 and all(s.action.kind == types.ActionKind.INVALID for s in t.steps)
+  assert t.status == "completed" and t.meta["early_stop"] == "Failed to parse actions for 5 times"
+  assert t.answer == "Early stop: Failed to parse actions for 5 times" and t.success == 0.0
+  assert store.read(0).meta["early_stop"] == t.meta["early_stop"]
+  # max_steps comes first (VAB's early_stop checks it first too): truncated, no early stop
+  assert trajs[1].status == "truncated" and len(trajs[1].steps) == 5 and "early_stop" not in trajs[1].meta
+  # a valid but wrong guess five times over: the repeat rule
+  t = collector.collect(pool, ConstantPolicy("say 99"), parse, tasks[:1], progress=False, early_stop=early_stop)[0]
+  assert len(t.steps) == 5 and t.meta["early_stop"] == "Same action for 5 times" and t.status == "completed"
+  # an episode that ends on its own is untouched; without the rule, garbage runs to max_steps
+  t = collector.collect(pool, ScriptedPolicy(), parse, tasks[2:], progress=False, early_stop=early_stop)[0]
+  assert t.status == "completed" and len(t.steps) == 3 and "early_stop" not in t.meta and not t.answer
+  t = collector.collect(pool, ConstantPolicy("garbage"), parse, tasks[:1], progress=False)[0]
+  assert t.status == "truncated" and len(t.steps) == 9 and "early_stop" not in t.meta

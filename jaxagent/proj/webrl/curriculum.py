@@ -8,16 +8,26 @@ product, thread), drawn from the train pool, so each comes with its evaluator an
 programmatic judge can be measured on every phase. `critic.in_band` is `filter_by_critic`: a task passes when
 either critic head's success probability on its round-0 prompt (the intent over the site's start page) lies in
 [0.05, 0.75]; gen_task.py defines it but its `__main__` does not call it (`curriculum.critic_filter`).
+
+`OpenAIGenerator` is gen_task.py's generator over any OpenAI-compatible endpoint (`curriculum.generator=openai`):
+its prompt verbatim, per site `turns` requests of min(`seeds`, |failed|) failed intents, temperature 1, top_p 1,
+tasks read with its regex. Its tasks have no evaluator (`evaluator == {}`: the programmatic judge leaves them
+unjudged, the ORM gives their reward) and must be kept apart from the test intents by the caller
+(`drop_intents`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
-from typing import Sequence
+import re
+from typing import Any, Callable, Sequence
 
-from jaxagent import types
+from jaxagent import openai_client, types
 from jaxagent.agents import webrl as fmt
+
+log = logging.getLogger(__name__)
 
 
 def variations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int, seed: int, tag: str
@@ -48,3 +58,131 @@ def variations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int,
 def round0_prompt(intent: str, start_html: str) -> str:
   """The critic filter's input: the task's first prompt over its site's start page (`filter_by_critic`)."""
   return fmt.webrl_prompt(intent, [], start_html)
+
+
+# ----------------------------------------------------------------------------- gen_task.py's LLM generator
+
+# THUDM/WebRL:scripts/gen_task.py `PROMPT`, byte for byte (the trailing space after "#Created Task#." included).
+TASK_PROMPT = (
+    "You are a smart task creator for a website intelligent assistant. Your goal is to generate clear and "
+    "practical tasks that the assistant can assist people with when they use {web} in their daily lives. "
+    "These tasks should encompass a wide range of possible instructions and questions that may arise when "
+    "using {web} website.\n"
+    "\n"
+    "Your need to draw inspiration from the #Given Task# to create new tasks. These new tasks should "
+    "belong to the same domain as the #Given Task# but be more diverse. The difficulty level of the "
+    "#Created Task# should be similar to that of the #Given Task#. The #Created Task# must be reasonable, "
+    "understandable and realistic. \u2018#Given Task#\u2019, \u2018#Created Task#\u2019, \u2018given task\u2019 "
+    "and \u2018created task\u2019 are not allowed to appear in #Created Task#. \n"
+    "\n"
+    "**Guidelines:**\n"
+    "- **Format each task** clearly using backticks (`) for each command description.\n"
+    "- Use a variety of phrasing styles to avoid repetitive expressions.\n"
+    "- Use variable names that match those in the provided task examples, such as place names, usernames, "
+    "and product names. Avoid inventing entirely new variable names.\n"
+    "- Maintain the same or similar difficulty level as the #Given Task#. Tasks can be slightly more or "
+    "less challenging but should stay within a reasonable range.\n"
+    "\n"
+    "#Given Task#\n"
+    "{task_examples}\n"
+    "\n"
+    "#Created Task#\n")
+TASK_PATTERN = re.compile(r"`([^`]+)`")  # gen_task.py's `re.findall` over the reply
+GENERATED = "generated_by"  # Task.meta key of a generated task: the generator's name
+
+
+def task_prompt(site: str, intents: Sequence[str]) -> str:
+  """gen_task.py's request: the seed intents as backticked bullets under `#Given Task#`."""
+  examples = "".join(f"- `{intent.strip()}`\n" for intent in intents).strip()
+  return TASK_PROMPT.format(web=site, task_examples=examples)
+
+
+def extract_tasks(reply: str) -> list[str]:
+  return TASK_PATTERN.findall(reply)
+
+
+def generated_task(source: types.Task, intent: str, task_id: str, generator: str) -> types.Task:
+  """A written intent on `source`'s site and start page, with no evaluator (WebRL's dummy `eval`: the ORM
+  rewards it) and no oracle."""
+  meta = {k: v for k, v in source.meta.items() if k != "part"}  # not one of the train split's halves
+  return dataclasses.replace(source, id=task_id, intent=intent, evaluator={}, oracle=None, template="",
+                             meta={**meta, GENERATED: generator, "seed_task": source.id})
+
+
+def is_generated(task: types.Task) -> bool:
+  return GENERATED in task.meta
+
+
+def generate(failed: Sequence[types.Task], complete: Callable[[str], str], turns: int, seeds: int, seed: int,
+             tag: str, generator: str = "llm") -> tuple[list[types.Task], int]:
+  """gen_task.py's `__main__`: the failed tasks grouped by site (first-seen order); per site `turns` requests,
+  each with min(`seeds`, |site's failures|) of them drawn without replacement; every backticked text of the
+  reply is a task (duplicates kept, as there). Returns (tasks with ids `gen-<site>@<tag><k>`, requests that got
+  no reply: `complete` raised `CompletionUnavailable`, the turn gives no task)."""
+  rng = random.Random(seed)
+  by_site: dict[str, list[types.Task]] = {}
+  for t in failed:
+    by_site.setdefault(t.site, []).append(t)
+  out, lost = [], 0
+  for site, tasks in by_site.items():
+    num = min(int(seeds), len(tasks))
+    for _ in range(int(turns)):
+      picked = rng.sample(tasks, num)
+      try:
+        reply = complete(task_prompt(site, [t.intent for t in picked]))
+      except openai_client.CompletionUnavailable as e:
+        log.warning("curriculum: no tasks for %s this turn (%s)", site, e)
+        lost += 1
+        continue
+      for intent in extract_tasks(reply):
+        out.append(generated_task(picked[0], intent, f"gen-{site}@{tag}{len(out)}", generator))
+  return out, lost
+
+
+@dataclasses.dataclass
+class GeneratorConfig:
+  """`config.curriculum.openai`. No key here: `api_key_env` names the variable that holds it."""
+
+  base_url: str = ""
+  model: str = "gpt-4o-2024-05-13"
+  turns: int = 2  # requests per site
+  seeds: int = 10  # failed intents per request (fewer when the site has fewer)
+  api_key_env: str = "OPENAI_API_KEY"
+  max_tokens: int = 4096  # gen_task.py sends none: gpt-4o-2024-05-13's own cap
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> "GeneratorConfig":
+    return openai_client.config_from(cls, cfg, "config.curriculum.openai")
+
+
+class OpenAIGenerator:
+  """gen_task.py's generator over `openai_client.OpenAIClient` (its retries, accounting, key lookup): one user
+  message, temperature 1, top_p 1, no seed and no cache (two turns with the same seeds must ask twice)."""
+
+  def __init__(self, config: GeneratorConfig | Any, client: Any = None):
+    self.config = config if isinstance(config, GeneratorConfig) else GeneratorConfig.from_config(config)
+    c = self.config
+    self._api = openai_client.OpenAIClient(
+        openai_client.ClientConfig(base_url=c.base_url, model=c.model, api_key_env=c.api_key_env,
+                                   max_tokens=int(c.max_tokens), temperature=1.0, top_p=1.0, seed=None),
+        client=client, owner="curriculum.openai")
+
+  @property
+  def stats(self) -> openai_client.UsageStats:
+    return self._api.stats
+
+  def generate(self, failed: Sequence[types.Task], seed: int, tag: str) -> tuple[list[types.Task], int]:
+    complete = lambda prompt: self._api.complete([{"role": "user", "content": prompt}])  # noqa: E731
+    return generate(failed, complete, self.config.turns, self.config.seeds, seed, tag, f"openai:{self.config.model}")
+
+
+def _norm(intent: str) -> str:
+  return " ".join(intent.split()).casefold()
+
+
+def drop_intents(tasks: Sequence[types.Task], intents: Sequence[str]) -> tuple[list[types.Task], int]:
+  """`tasks` less those whose intent is one of `intents` (case and spacing aside), and how many were dropped:
+  the evaluation's intents appear in no training task."""
+  banned = {_norm(i) for i in intents}
+  kept = [t for t in tasks if _norm(t.intent) not in banned]
+  return kept, len(tasks) - len(kept)

@@ -1,9 +1,19 @@
-"""WebRL's offline curriculum (`proj/webrl/curriculum.py`)."""
+"""WebRL's curriculum (`proj/webrl/curriculum.py`): the offline variations, and gen_task.py's LLM generator against a
+real local OpenAI-compatible server (the judge tests' peer)."""
 
 import dataclasses
+import hashlib
+import os
+import re
+
+import numpy as np
+import pytest
 
 from jaxagent import types
 from jaxagent.proj.webrl import curriculum
+
+JUDGES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "judges")
+KEY_ENV = "JAXAGENT_TEST_GEN_KEY"
 
 
 def _task(tid, template, intent):
@@ -98,3 +108,150 @@ def test_round0_prompt_is_filter_by_critics_f_string():
   expected = (f"Task Instruction: {task}\n\nRound 0\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
               f"{html}\n\n<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n")
   assert curriculum.round0_prompt(task, html) == expected
+
+
+# ------------------------------------------------------------------------------- the LLM generator
+
+# sha256 of THUDM/WebRL:scripts/gen_task.py's PROMPT (commit fa8439e), the text between its triple quotes
+GEN_TASK_PROMPT_SHA256 = "2c482a64efdc8b113b02e22cc74b850aea72a453bd7afacb63320147807791cb"
+
+
+@pytest.fixture
+def peer(monkeypatch):
+  monkeypatch.syspath_prepend(JUDGES)
+  import openai_peer  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(KEY_ENV, "sk-test")
+  with openai_peer.Peer() as p:
+    yield p
+
+
+def _generator(peer, **kw):
+  return curriculum.OpenAIGenerator(dict(base_url=peer.base_url, api_key_env=KEY_ENV, **kw))
+
+
+def _forum(i):
+  return types.Task(id=f"F{i}", intent=f"forum intent {i}", site="forum", start_url="http://127.0.0.1/forum",
+                    template="F", evaluator={"kind": "string_match", "exact_match": "x"}, meta={"part": "a"})
+
+
+def test_the_prompt_is_gen_tasks_byte_for_byte():
+  assert hashlib.sha256(curriculum.TASK_PROMPT.encode()).hexdigest() == GEN_TASK_PROMPT_SHA256
+  prompt = curriculum.task_prompt("shop", [" a intent 1 ", "b {intent} 2"])
+  assert prompt.endswith("#Given Task#\n- `a intent 1`\n- `b {intent} 2`\n\n#Created Task#\n")
+  assert "when they use shop in their daily lives" in prompt and "using shop website." in prompt
+
+
+def test_a_reply_with_three_backticked_tasks_gives_three_tasks():
+  reply = ("Sure! Here are new tasks:\n\n1. `Find the cheapest mug`\n2. `Show reviews of \"Blue Kettle\"`\n"
+           "- `List the 3 newest orders`\nNo backticks here.")
+  assert curriculum.extract_tasks(reply) == ["Find the cheapest mug", 'Show reviews of "Blue Kettle"',
+                                             "List the 3 newest orders"]
+  assert curriculum.extract_tasks("no tasks") == []
+
+
+def test_two_turns_per_site_with_up_to_10_backticked_seeds_over_http(peer):
+  failed = _pool({"A": 8, "B": 4}) + [_forum(i) for i in range(3)]
+  gen = _generator(peer)
+  tasks, lost = gen.generate(failed, seed=0, tag="p1.")
+  bodies = peer.state.bodies
+  assert lost == 0 and len(bodies) == 4 and gen.stats.requests == 4
+  by_intent = {t.intent: t for t in failed}
+  for body, site, n in zip(bodies, ["shop", "shop", "forum", "forum"], [10, 10, 3, 3]):
+    assert body["model"] == "gpt-4o-2024-05-13"
+    assert (body["temperature"], body["top_p"]) == (1.0, 1.0)
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    prompt = body["messages"][0]["content"]
+    seeds = re.findall(r"^- `([^`]+)`$", prompt, flags=re.M)
+    assert len(seeds) == len(set(seeds)) == n and all(by_intent[i].site == site for i in seeds)
+    assert prompt == curriculum.TASK_PROMPT.format(web=site, task_examples="\n".join(f"- `{i}`" for i in seeds))
+  assert bodies[0]["messages"] != bodies[1]["messages"]  # each turn draws its own seeds
+  assert len(tasks) == 12 and len({t.id for t in tasks}) == 12  # 3 tasks a reply
+  assert [t.site for t in tasks] == ["shop"] * 6 + ["forum"] * 6
+  by_id = {t.id: t for t in failed}
+  for t in tasks:  # on the site and start page of a seed, without evaluator
+    source = by_id[t.meta["seed_task"]]
+    assert (t.site, t.start_url, t.profile) == (source.site, source.start_url, source.profile)
+    assert t.evaluator == {} and t.oracle is None and t.template == "" and curriculum.is_generated(t)
+    assert "part" not in t.meta and t.meta["generated_by"] == "openai:gpt-4o-2024-05-13"
+  assert "Show the newest forum items" in [t.intent for t in tasks]
+
+
+def test_a_turn_without_a_reply_gives_no_tasks(monkeypatch):
+  monkeypatch.syspath_prepend(JUDGES)
+  import openai_peer  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(KEY_ENV, "sk-test")
+  with openai_peer.Peer(openai_peer.PeerState(fault_rate=1.0, faults=["500"])) as p:
+    gen = curriculum.OpenAIGenerator(dict(base_url=p.base_url, api_key_env=KEY_ENV, turns=1))
+    gen._api.config.max_retries = 0  # pylint: disable=protected-access
+    tasks, lost = gen.generate(_pool({"A": 2}), seed=0, tag="x")
+  assert tasks == [] and lost == 1 and gen.stats.failures == {"5xx": 1}
+
+
+def test_drop_intents_ignores_case_and_spacing():
+  tasks = [_task("x", "A", "Show  the newest shop items"), _task("y", "A", "keep me")]
+  kept, dropped = curriculum.drop_intents(tasks, ["show the newest SHOP items "])
+  assert [t.id for t in kept] == ["y"] and dropped == 1
+
+
+def test_the_recipe_drops_test_intents_and_asks_once(peer, tmp_path):
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
+  train = _pool()
+  test = [_task("T0", "A", "Show the newest shop items"), _task("T1", "A", "a intent 9")]
+  tasks_lib.write_tasks(str(tmp_path / "tasks" / "train.jsonl"), train)
+  tasks_lib.write_tasks(str(tmp_path / "tasks" / "test.jsonl"), test)
+  tasks_lib.write_tasks(str(tmp_path / "orm" / "failed.jsonl"), train[:3])
+  config = webrl_config.get_config()
+  config.curriculum.generator = "openai"
+  config.curriculum.openai.update(base_url=peer.base_url, api_key_env=KEY_ENV)
+  webrl.check_config(config)
+  out = tmp_path / "phase1" / "curriculum"
+  out.mkdir(parents=True)
+  candidates, info = webrl.curriculum_candidates(config, str(tmp_path), 1, 96, str(out))
+  assert len(peer.state.bodies) == 2  # one site, two turns
+  # each reply's second task is the test intent "Show the newest shop items": dropped twice, counted
+  assert (info["generated"], info["test_intent_drops"], info["candidates"]) == (6, 2, 4) == (6, 2, len(candidates))
+  assert info["failed_seeds"] == 3 and info["turns_without_reply"] == 0
+  assert not {c.intent for c in candidates} & {t.intent for t in test}
+  assert all(c.evaluator == {} and c.site == "shop" for c in candidates)
+  again, _ = webrl.curriculum_candidates(config, str(tmp_path), 1, 96, str(out))  # a resumed stage
+  assert len(peer.state.bodies) == 2 and [c.id for c in again] == [c.id for c in candidates]
+
+
+def test_generated_tasks_are_unjudged_and_the_orm_agreement_skips_them():
+  from jaxagent.judges.evaluators import ProgrammaticJudge  # pylint: disable=g-import-not-at-top
+  from jaxagent.proj.webrl import orm  # pylint: disable=g-import-not-at-top
+  source = _pool()[0]
+  made = curriculum.generated_task(source, "Find a mug", "gen-shop@p1.0", "openai:m")
+  traj = types.Trajectory(made, answer="a mug")
+  assert ProgrammaticJudge().evaluate(made, traj).success is None
+  judged = orm.agreement(np.array([0.9, 0.9, 0.1]), [None, 1.0, 0.0])
+  assert judged["episodes"] == 2 and judged["agreement"] == 1.0
+
+
+def test_the_config_refuses_openai_without_base_url_before_any_work():
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  webrl.check_config(config)  # variations: the openai block is not read
+  config.curriculum.generator = "openai"
+  validate(config, webrl.CHOICES, {})
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.openai\.base_url is required"):
+    webrl.check_config(config)
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.openai\.base_url is required"):
+    webrl.run(config, "/nonexistent/never-created")  # refused before any stage
+  assert not os.path.exists("/nonexistent/never-created")
+  config.curriculum.openai.base_url = "http://127.0.0.1:9/v1"
+  webrl.check_config(config)
+  config.curriculum.openai.turns = 0
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.openai\.turns=0"):
+    webrl.check_config(config)
+  config.curriculum.openai.turns = 2
+  config.reward = "judge"
+  with pytest.raises(ConfigError, match=r"config\.reward='judge'"):
+    webrl.check_config(config)
+  config.curriculum.generator = "gpt4o"
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.generator='gpt4o'"):
+    validate(config, webrl.CHOICES, {})
