@@ -122,7 +122,9 @@ def test_fault_injection_every_trajectory_judged_or_unjudged(tmp_path):
     expected[i] = {"correct": 1.0, "wrong": 0.0, "unsure": None}[answer]
     pairs.append(_webvoyager_traj(i, answer, tmp_path, n_steps=2))
   with Peer(state) as peer:
-    judge = LLMJudge(_config(peer, tmp_path, timeout_s=1.0, max_retries=4))
+    # A deadline far from the retries' own time: this test counts attempts (the deadline has its own test in
+    # test_judge_faults.py), and 4 × timeout_s ran out after one slow attempt on a loaded machine.
+    judge = LLMJudge(_config(peer, tmp_path, timeout_s=1.0, max_retries=4, deadline_s=60.0))
     verdicts = judge.evaluate_many(pairs)
   s = judge.stats
   assert len(verdicts) == 200
