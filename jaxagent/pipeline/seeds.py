@@ -18,6 +18,10 @@ from jaxagent.pipeline import distributed, report
 from jaxagent.pipeline.stages import write_json
 
 
+# What a policy's (or a stage's) result calls its success rate: the device recipes' and OpenWebVoyager's.
+RATE_KEYS = ("success_rate", "test_success_rate")
+
+
 def parse_seeds(text: str) -> list[int]:
   """"0,1,2" → [0, 1, 2]; refuses repeats and non-integers, naming the flag."""
   try:
@@ -40,10 +44,11 @@ def combine(per_seed: dict[int, Any]) -> Any:
   first = values[0]
   if all(isinstance(v, dict) for v in values) and all(v.keys() == first.keys() for v in values):
     out = {k: combine({s: v[k] for s, v in per_seed.items()}) for k in first}
-    if isinstance(first.get("success_rate"), (int, float)):
-      rates = {s: {"success_rate": float(v["success_rate"])} for s, v in per_seed.items()}
+    key = next((k for k in RATE_KEYS if isinstance(first.get(k), (int, float))), None)
+    if key:
+      rates = {s: {"success_rate": float(v[key])} for s, v in per_seed.items()}
       spread = report.over_seeds(rates)
-      out.update(success_rate=spread["mean"], std=spread["std"], min=spread["min"], max=spread["max"],
+      out.update({key: spread["mean"]}, std=spread["std"], min=spread["min"], max=spread["max"],
                  per_seed={str(s): r["success_rate"] for s, r in rates.items()})
     return out
   if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
@@ -56,12 +61,17 @@ def combine(per_seed: dict[int, Any]) -> Any:
 
 
 def table(combined: dict) -> str:
-  """One row per policy: the mean success rate over seeds ± its sample standard deviation, range, per seed."""
+  """One row per policy (or per stage of a list such as OpenWebVoyager's `per_iteration`): the mean success rate
+  over seeds ± its sample standard deviation, range, per seed."""
   rows = ["policy             mean ± std         range          per seed"]
-  for name, r in combined.items():
-    if isinstance(r, dict) and "per_seed" in r:
+  named = [(n, r) for n, r in combined.items() if isinstance(r, dict)]
+  named += [(r.get("stage", f"{n}[{i}]"), r) for n, rs in combined.items() if isinstance(rs, list)
+            for i, r in enumerate(rs) if isinstance(r, dict)]
+  for name, r in named:
+    if "per_seed" in r:
+      mean = next(r[k] for k in RATE_KEYS if k in r)
       per = "  ".join(f"{s}: {v:.1%}" for s, v in r["per_seed"].items())
-      rows.append(f"{name:<18} {r['success_rate']:6.1%} ± {r['std']:5.1%}   {r['min']:5.1%}–{r['max']:5.1%}   {per}")
+      rows.append(f"{name:<18} {mean:6.1%} ± {r['std']:5.1%}   {r['min']:5.1%}–{r['max']:5.1%}   {per}")
   return "\n".join(rows)
 
 

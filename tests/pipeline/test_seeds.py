@@ -41,6 +41,19 @@ def test_lists_combine_element_by_element():
   assert [r["success_rate"] for r in out["per_iteration"]] == pytest.approx([0.2, 0.4])
 
 
+def test_openwebvoyager_stages_get_a_spread_and_a_table_row():
+  """OpenWebVoyager's rows name their rate `test_success_rate`: each stage gets the spread and a table row."""
+  rows = lambda a, b: {"per_iteration": [{"stage": "il", "test_success_rate": a},
+                                         {"stage": "iter1", "test_success_rate": b}], "monotone": True}
+  out = seeds.combine({0: rows(0.0, 0.125), 1: rows(0.125, 0.375)})
+  iter1 = out["per_iteration"][1]
+  assert iter1["test_success_rate"] == pytest.approx(0.25) and iter1["per_seed"] == {"0": 0.125, "1": 0.375}
+  assert iter1["std"] == pytest.approx(statistics.stdev([0.125, 0.375]))
+  lines = seeds.table(out).split("\n")
+  assert [l.split()[0] for l in lines[1:]] == ["il", "iter1"]
+  assert "25.0% ±" in lines[2] and "1: 37.5%" in lines[2]
+
+
 def test_parse_seeds_refuses_repeats_and_junk():
   assert seeds.parse_seeds("0,1, 2") == [0, 1, 2]
   for bad in ("0,0", "a,b", ","):
