@@ -97,9 +97,22 @@ def _acquire_ray(address: str, num_cpus: int) -> None:
     if address in ("", "local"):
       start_local_ray(num_cpus)
     else:
-      ray.init(address=address)
+      _connect(address)
     _ray_connected_here = True
   _ray_users += 1
+
+
+def _connect(address: str, attempts: int = 3, backoff_s: float = 2.0) -> None:
+  """`ray.init(address)`, retried: a Ray client server on a loaded head can abort a connection while it starts
+  the client's own server process (`ConnectionAbortedError: Initialization failure from server`)."""
+  for attempt in range(1, attempts + 1):
+    try:
+      ray.init(address=address)
+      return
+    except ConnectionAbortedError:
+      if attempt == attempts:
+        raise
+      time.sleep(backoff_s * attempt)
 
 
 def _release_ray() -> None:

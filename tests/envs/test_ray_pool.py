@@ -296,6 +296,31 @@ def test_a_driver_joins_a_cluster_through_ray_client(ray_head, tmp_path):
   assert not _left(out["marker"]), "a process of the driver's pool outlived it"
 
 
+def test_a_client_connection_the_server_aborts_is_retried(monkeypatch):
+  """A head's client server that aborts a connection while it starts the client's server process (seen under
+  load) costs a retry, not the run; the third abort is raised."""
+  calls = []
+
+  def init(address):
+    calls.append(address)
+    if len(calls) < 3:
+      raise ConnectionAbortedError("Initialization failure from server")
+
+  monkeypatch.setattr(ray_pool.ray, "init", init)
+  ray_pool._connect("ray://head:10001", backoff_s=0.0)
+  assert calls == ["ray://head:10001"] * 3
+  calls.clear()
+
+  def down(address):
+    calls.append(address)
+    raise ConnectionAbortedError("down")
+
+  monkeypatch.setattr(ray_pool.ray, "init", down)
+  with pytest.raises(ConnectionAbortedError, match="down"):
+    ray_pool._connect("ray://head:10001", attempts=2, backoff_s=0.0)
+  assert len(calls) == 2
+
+
 def test_make_pool_picks_the_backend_from_config_env(local_ray):
   env = config_lib.env_block(workers=1)
   assert env.backend == "subprocess" and env.ray_address == ""
