@@ -109,10 +109,6 @@ def generated_task(source: types.Task, intent: str, task_id: str, generator: str
                              meta={**meta, GENERATED: generator, "seed_task": source.id})
 
 
-def is_generated(task: types.Task) -> bool:
-  return GENERATED in task.meta
-
-
 def generate(failed: Sequence[types.Task], complete: Callable[[str], str], turns: int, seeds: int, seed: int,
              tag: str, generator: str = "llm") -> tuple[list[types.Task], int]:
   """gen_task.py's `__main__`: the failed tasks grouped by site (first-seen order); per site `turns` requests,

@@ -171,7 +171,7 @@ def test_two_turns_per_site_with_up_to_10_backticked_seeds_over_http(peer):
   for t in tasks:  # on the site and start page of a seed, without evaluator
     source = by_id[t.meta["seed_task"]]
     assert (t.site, t.start_url, t.profile) == (source.site, source.start_url, source.profile)
-    assert t.evaluator == {} and t.oracle is None and t.template == "" and curriculum.is_generated(t)
+    assert t.evaluator == {} and t.oracle is None and t.template == "" and curriculum.GENERATED in t.meta
     assert "part" not in t.meta and t.meta["generated_by"] == "openai:gpt-4o-2024-05-13"
   assert "Show the newest forum items" in [t.intent for t in tasks]
 
