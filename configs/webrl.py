@@ -50,7 +50,10 @@ def get_config(arg=None):
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
   c.data = ml_collections.ConfigDict()
-  c.data.tokenizer = ""  # "" = the embedded byte-level BPE (or the HF checkpoint's own)
+  # demos = the embedded BPE fitted again with the SFT demonstrations' texts (train tasks only) added to its corpus:
+  # the sites' HTML in half the tokens, about what Llama-3's tokenizer spends on it; "" = the embedded BPE (or the
+  # HF checkpoint's own); a path = that tokenizer
+  c.data.tokenizer = "demos"
   c.data.seq_len = 2560  # ≥ the longest prompt + reply, in the embedded tokenizer
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0
@@ -59,13 +62,13 @@ def get_config(arg=None):
   c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6))
   # VAB run.py's early stop, as WebRL's evaluation ran it: after k consecutive parse failures or identical replies.
   c.early_stop = ml_collections.ConfigDict(dict(parse_failures=5, repeats=5))  # 0 turns a rule off
-  c.env = config_lib.env_block(workers=2)
+  c.env = config_lib.env_block(workers=4)
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=64, max_batch=16))
   c.scoring = ml_collections.ConfigDict(dict(batch=4))  # rows per forward pass when scoring samples
 
   # SFT: the scripted expert's demonstrations in WebRL's format (the original's web_policy_sft).
   c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b
-  c.sft = config_lib.stage(steps=200, batch_size=4, lr=3e-3)
+  c.sft = config_lib.stage(steps=400, batch_size=4, lr=3e-3)
 
   # ORM: trained on programmatically judged episodes on train tasks: the SFT actor's rollouts, the demonstrations
   # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);
@@ -98,6 +101,7 @@ def get_config(arg=None):
   if arg.variant == "smoke":
     c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
     c.tasks.max_steps = 3
+    c.env.workers = 2
     c.sampling.max_tokens = 16
     c.demos.episodes = 2
     c.sft.train.update(steps=3, batch_size=2)
@@ -112,6 +116,7 @@ def get_config(arg=None):
     c.checkpoint.every = 2
   elif arg.variant == "smollm":
     c.model.hf_checkpoint = "smollm2"
+    c.data.tokenizer = ""  # the checkpoint's own
     c.data.seq_len = 4096
     c.sft.update(config_lib.stage(steps=200, batch_size=2, lr=5e-5))
     c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))

@@ -61,6 +61,21 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
   return out_dir
 
 
+def fit_tokenizer(out_dir: str, texts, vocab_size: int = 2 * DEFAULT_VOCAB_SIZE) -> str:
+  """The embedded BPE trained again with `texts` (a recipe's training texts) added to its corpus, in HF format in
+  `out_dir`: a domain's pages then take about as many tokens as a large model's tokenizer writes them in (half
+  the embedded one's on the bundled sites' HTML). Deterministic in `texts`; kept if already there."""
+  if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+    from jaxagent.data import synthetic_conversations  # pylint: disable=g-import-not-at-top
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out_dir)) or ".", prefix=".tokenizer-")
+    train_default_tokenizer(tmp, vocab_size, corpus=list(synthetic_conversations.corpus()) + list(texts))
+    try:
+      os.rename(tmp, out_dir)
+    except OSError:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return out_dir
+
+
 def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
   """The cached default tokenizer's directory (built on first use; `$JAXAGENT_CACHE` or ~/.cache/jaxagent)."""
   cache = os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
@@ -87,6 +102,9 @@ def load_tokenizer(path: str | None = None, *, require_image_token: bool = True)
   from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
   if path in (None, "", "default"):
     path = default_tokenizer_dir()
+  if path == "demos":
+    raise ValueError("tokenizer 'demos' is fitted by the recipe that names it (configs/webrl.py) before its first "
+                     "training; this recipe has none: set --config.data.tokenizer='' or a tokenizer directory")
   tok = AutoTokenizer.from_pretrained(gguf.checkpoint_dir(path))
   missing = [t for t in (IMAGE_TOKEN,) if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
   from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top

@@ -13,6 +13,8 @@ import os
 from typing import Mapping, Sequence
 
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
+# the names a path key also takes: "default", a bundled checkpoint, a tokenizer fitted by the run (WebRL's "demos")
+NAMED_PATHS = {"hf_checkpoint": ("default", "smollm2"), "tokenizer": ("default", "demos")}
 COUNT_KEYS = ("max_lag", "parse_failures", "repeats")  # config keys (last component) holding a count: an int >= 0
 
 
@@ -78,7 +80,7 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
                         f"set --config.{key}=...")
     if key.rsplit(".", 1)[-1] in COUNT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
       raise ConfigError(f"config.{key}={value!r}: must be a whole number >= 0; set --config.{key}=0 (or more)")
-    named = value in ("default", "smollm2") if key.rsplit(".", 1)[-1] == "hf_checkpoint" else value == "default"
+    named = value in NAMED_PATHS.get(key.rsplit(".", 1)[-1], ("default",))
     if key.rsplit(".", 1)[-1] in PATH_KEYS and value and not named and not os.path.exists(value):
       raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "
                         f"(--config.{key}=DIR) or '' for the default")

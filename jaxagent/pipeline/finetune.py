@@ -58,6 +58,14 @@ def _scalars(item: dict, present: set[str]) -> dict:
   return out
 
 
+def _tokenizer_of(init_from: str | None) -> str | None:
+  """The tokenizer a fine-tune from `init_from` keeps: a training workdir's `tokenizer/`, a HF directory's own."""
+  if not init_from:
+    return None
+  saved = os.path.join(init_from, "tokenizer")
+  return saved if os.path.isdir(saved) else init_from
+
+
 def finetune(config, workdir: str, items: list[dict], *, init_from: str | None = None,
              loss: LossFn = weighted_token_nll, pad_to: int = 32, truncate: bool = False) -> str:
   """Trains `config.model` on `items` (conversation samples, each with an optional `weight`) for
@@ -71,7 +79,7 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   `seq_length` does in OpenWebVoyager's training).
   """
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = load_tokenizer(config.data.tokenizer or config.model.hf_checkpoint or None,
+  tokenizer = load_tokenizer(config.data.tokenizer or _tokenizer_of(init_from) or config.model.hf_checkpoint or None,
                              require_image_token=config.model.kind == "vlm")
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))

@@ -36,6 +36,7 @@ import numpy as np
 from jaxagent import types
 from jaxagent.agents.webrl import WebRL, current_html, early_stop
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.data.tokenizer import fit_tokenizer
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout, scoring
@@ -63,6 +64,10 @@ CHOICES = {
 
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work)."""
+  if config.data.tokenizer == "demos" and config.model.hf_checkpoint:
+    raise ConfigError(f"config.data.tokenizer='demos' fits a new vocabulary, which model.hf_checkpoint="
+                      f"{config.model.hf_checkpoint!r}'s embeddings do not have; set --config.data.tokenizer='' "
+                      "(the checkpoint's own tokenizer)")
   if config.curriculum.generator != "openai":
     return
   gen = config.curriculum.openai
@@ -148,6 +153,15 @@ def _scoring(config) -> dict:
   return {"batch": int(config.scoring.batch), "max_len": int(config.data.seq_len)}
 
 
+def _from_sft(config, section, seed_offset: int):
+  """A training stage that starts from π_0 or its descendants: it keeps their tokenizer (the fitted one with
+  `data.tokenizer=demos`)."""
+  c = stage_config(config, section, seed_offset=seed_offset)
+  if c.data.tokenizer == "demos":
+    c.data.tokenizer = ""
+  return c
+
+
 def _demos(workdir: str) -> list[types.Trajectory]:
   return rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos")))
 
@@ -164,7 +178,11 @@ def stage_sft(config, workdir, out):
   items = _step_samples([t for t in trajs if t.success == 1.0])
   if not items:
     raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
-  finetune(stage_config(config, config.sft), out, items)
+  sft_config = stage_config(config, config.sft)
+  if config.data.tokenizer == "demos":
+    texts = [turn["value"] for it in items for turn in it["conversations"]]
+    sft_config.data.tokenizer = fit_tokenizer(os.path.join(out, "fitted_tokenizer"), texts)
+  finetune(sft_config, out, items)
   return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
 
 
@@ -185,7 +203,7 @@ def stage_orm(config, workdir, out):
   train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
   val = [t for t, h in zip(judged, held) if h]
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
-  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
+  finetune(_from_sft(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
   loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
   probs = orm.probabilities(loaded, val, **_scoring(config))
@@ -414,7 +432,7 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
     loss = webrl_actor_loss_paper(float(config.actor.beta))
   else:
     loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
-  finetune(stage_config(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
+  finetune(_from_sft(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
   return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
           "trained_on": len(train), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
           "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}

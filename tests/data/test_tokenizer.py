@@ -49,3 +49,18 @@ def test_a_tokenizer_without_image_token_is_rejected(tmp_path):
   transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>").save_pretrained(tmp_path)
   with pytest.raises(ValueError, match="no \\['<image>'\\] token"):
     tokenizer_lib.load_tokenizer(str(tmp_path))
+
+
+def test_a_fitted_tokenizer_writes_its_domain_in_fewer_tokens_and_is_reproducible(tmp_path):
+  page = ("<html> <body> <nav> " + " ".join(f'<a id="{i}"> {c} </a>' for i, c in
+          enumerate(["Apparel", "Audio", "Fitness", "Home", "Kitchen", "Lighting", "Office", "Outdoor"], 5))
+          + " </nav> <footer> offline web · shop </footer> </body> </html>")
+  texts = [page.replace("Apparel", f"Apparel{k}") for k in range(50)]
+  default = tokenizer_lib.load_tokenizer()
+  a = tokenizer_lib.load_tokenizer(tokenizer_lib.fit_tokenizer(str(tmp_path / "a"), texts))
+  b = tokenizer_lib.load_tokenizer(tokenizer_lib.fit_tokenizer(str(tmp_path / "b"), texts))
+  ids = a(page, add_special_tokens=False)["input_ids"]
+  assert len(ids) < 0.7 * len(default(page, add_special_tokens=False)["input_ids"])
+  assert ids == b(page, add_special_tokens=False)["input_ids"]  # every process fits the same vocabulary
+  assert a.decode(ids) == page
+  assert a.convert_tokens_to_ids("<image>") != a.unk_token_id and a.chat_template == default.chat_template

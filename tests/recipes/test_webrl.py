@@ -14,6 +14,7 @@ import pytest
 import killed_run
 from configs import webrl as webrl_config
 from jaxagent.agents.webrl import WebRL
+from jaxagent.data import tokenizer as tokenizer_lib
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
@@ -88,6 +89,26 @@ def test_the_actor_trains_on_webrl_prompts_and_the_orm_labels_every_episode(pipe
   with open(os.path.join(workdir, "phase1", "actor", "DONE")) as f:
     actor = json.load(f)
   assert actor["phase_steps"] == sum(len(store.read(i).steps) for i in range(len(store)))
+
+
+@pytest.mark.slow
+def test_every_model_keeps_the_tokenizer_fitted_on_the_demonstrations(pipeline):
+  _, workdir, _, _ = pipeline
+  fitted = os.path.join(workdir, "sft", "fitted_tokenizer", "tokenizer.json")
+  with open(fitted) as f:
+    vocab = json.load(f)["model"]["vocab"]
+  assert vocab != json.load(open(os.path.join(tokenizer_lib.default_tokenizer_dir(), "tokenizer.json")))["model"]["vocab"]
+  for model in ("sft", "orm/model", "phase1/actor", "phase2/actor"):  # the ORM and actors start from π_0's weights
+    with open(os.path.join(workdir, model, "tokenizer", "tokenizer.json")) as f:
+      assert json.load(f)["model"]["vocab"] == vocab, model
+
+
+def test_a_fitted_tokenizer_with_a_pretrained_checkpoint_is_refused():
+  config = webrl_config.get_config("smollm")
+  webrl.check_config(config)
+  config.data.tokenizer = "demos"
+  with pytest.raises(ConfigError, match=r"config\.data\.tokenizer='demos'.*--config\.data\.tokenizer=''"):
+    webrl.check_config(config)
 
 
 @pytest.mark.slow
