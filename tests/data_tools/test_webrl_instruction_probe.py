@@ -1,0 +1,39 @@
+"""The WebRL instruction probe on hand-built episodes: step kinds, the clicked category against the intent's."""
+
+import os
+
+from data_tools import webrl_instruction_probe as probe
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.types import Step, Task, Trajectory
+
+COOKIES = '# Note: I will click "Accept cookies".\ndo(action="Click", element="29")'
+STOP = '# Note: The task is complete.\nexit(message="Done.")'
+
+
+def _click(name, element):
+  return f'# Note: I will click "{name}".\ndo(action="Click", element="{element}")'
+
+
+def _episode(k, intent, category, success):
+  steps = [COOKIES, _click(category, 5), _click("Most reviews", 44), STOP]
+  return Trajectory(task=Task(id=f"t{k}", intent=intent, site="shop", start_url="u"), success=success,
+                    steps=[Step(step=i, obs_text="p", action_text=a) for i, a in enumerate(steps)])
+
+
+def test_step_kinds_and_categories():
+  assert [probe.step_kind(a) for a in (COOKIES, _click("Office", 11), _click("Price: low to high", 41), STOP)] == [
+      "cookies", "category", "order", "stop"]
+  assert probe.intent_category("On Shoply, list the home category with the most reviewed first.") == "home"
+  assert probe.intent_category("On Shoply, list everything.") is None
+  assert probe.clicked_category(_episode(0, "x", "Kitchen", 0.0)) == "kitchen"
+
+
+def test_a_policy_that_clicks_one_category_is_told_apart(tmp_path):
+  store = TrajectoryStore(str(tmp_path / "eval" / "phase1"))
+  intents = [f"On Shoply, list the {c} category with the most reviewed first." for c in ("home", "office", "audio")]
+  for k, intent in enumerate(intents):  # always "Home": right (and solved) on the home task only
+    store.append(_episode(k, intent, "Home", 1.0 if k == 0 else 0.0))
+  report = probe.eval_report(os.path.join(tmp_path, "eval", "phase1"))
+  assert report["episodes"] == 3 and report["most_clicked"] == "home" and report["most_clicked_share"] == 1.0
+  assert abs(report["category_right"] - 1 / 3) < 1e-9 and abs(report["success"] - 1 / 3) < 1e-9
+  assert report["intent_categories"] == 3
