@@ -61,35 +61,34 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
   return out_dir
 
 
+def _train_once(path: str, vocab_size: int, corpus=None) -> str:
+  """`train_default_tokenizer` into `path` unless a tokenizer is there; built aside and renamed in one step, so
+  concurrent builders (processes of one run) agree on one directory."""
+  if not os.path.exists(os.path.join(path, "tokenizer.json")):
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".tokenizer-")
+    train_default_tokenizer(tmp, vocab_size, corpus)
+    try:
+      os.rename(tmp, path)
+    except OSError:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return path
+
+
 def fit_tokenizer(out_dir: str, texts, vocab_size: int = 2 * DEFAULT_VOCAB_SIZE) -> str:
   """The embedded BPE trained again with `texts` (a recipe's training texts) added to its corpus, in HF format in
   `out_dir`: a domain's pages then take about as many tokens as a large model's tokenizer writes them in (half
   the embedded one's on the bundled sites' HTML). Deterministic in `texts`; kept if already there."""
-  if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
-    from jaxagent.data import synthetic_conversations  # pylint: disable=g-import-not-at-top
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out_dir)) or ".", prefix=".tokenizer-")
-    train_default_tokenizer(tmp, vocab_size, corpus=list(synthetic_conversations.corpus()) + list(texts))
-    try:
-      os.rename(tmp, out_dir)
-    except OSError:
-      shutil.rmtree(tmp, ignore_errors=True)
-  return out_dir
+  from jaxagent.data import synthetic_conversations  # pylint: disable=g-import-not-at-top
+  return _train_once(out_dir, vocab_size, list(synthetic_conversations.corpus()) + list(texts))
 
 
 def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
   """The cached default tokenizer's directory (built on first use; `$JAXAGENT_CACHE` or ~/.cache/jaxagent)."""
   cache = os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
   key = hashlib.sha1(f"{_VERSION}-{vocab_size}".encode()).hexdigest()[:10]
-  path = os.path.join(cache, f"tokenizer-{key}")
-  if not os.path.exists(os.path.join(path, "tokenizer.json")):
-    os.makedirs(cache, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=cache, prefix=".tokenizer-")
-    train_default_tokenizer(tmp, vocab_size)
-    try:
-      os.rename(tmp, path)  # atomic: concurrent builders agree on one directory
-    except OSError:
-      shutil.rmtree(tmp, ignore_errors=True)
-  return path
+  return _train_once(os.path.join(cache, f"tokenizer-{key}"), vocab_size)
 
 
 def load_tokenizer(path: str | None = None, *, require_image_token: bool = True):

@@ -59,11 +59,15 @@ def _scalars(item: dict, present: set[str]) -> dict:
 
 
 def _tokenizer_of(init_from: str | None) -> str | None:
-  """The tokenizer a fine-tune from `init_from` keeps: a training workdir's `tokenizer/`, a HF directory's own."""
-  if not init_from:
+  """The tokenizer of the checkpoint at `init_from`, whose embeddings are indexed by it: a training workdir's
+  `tokenizer/`, a HF directory's own files; None when it has none (then the config's)."""
+  if not init_from or not os.path.isdir(init_from):
     return None
   saved = os.path.join(init_from, "tokenizer")
-  return saved if os.path.isdir(saved) else init_from
+  if os.path.isdir(saved):
+    return saved
+  return init_from if any(os.path.exists(os.path.join(init_from, f)) for f in ("tokenizer.json",
+                                                                              "tokenizer_config.json")) else None
 
 
 def finetune(config, workdir: str, items: list[dict], *, init_from: str | None = None,
@@ -71,15 +75,15 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   """Trains `config.model` on `items` (conversation samples, each with an optional `weight`) for
   `config.train.steps`; returns the final checkpoint's path.
 
-  A fresh run starts from the policy at `init_from` (a training workdir or a HF directory), else from
-  `config.model.hf_checkpoint`'s weights, else from random init. Batches are padded to the longest sample
+  A fresh run starts from the policy at `init_from` (a training workdir or a HF directory), with its tokenizer,
+  else from `config.model.hf_checkpoint`'s weights, else from random init. Batches are padded to the longest sample
   (rounded up to `pad_to`), not to `data.seq_len`: no step pays for attention over padding. A sample longer than
   `data.seq_len` is refused rather than cut, since a cut reply would teach the model unparsable outputs;
   `truncate=True` cuts it at `data.seq_len` instead (plain SFT on given conversations, as Megatron's
   `seq_length` does in OpenWebVoyager's training).
   """
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = load_tokenizer(config.data.tokenizer or _tokenizer_of(init_from) or config.model.hf_checkpoint or None,
+  tokenizer = load_tokenizer(_tokenizer_of(init_from) or config.data.tokenizer or config.model.hf_checkpoint or None,
                              require_image_token=config.model.kind == "vlm")
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))

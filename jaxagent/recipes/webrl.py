@@ -153,15 +153,6 @@ def _scoring(config) -> dict:
   return {"batch": int(config.scoring.batch), "max_len": int(config.data.seq_len)}
 
 
-def _from_sft(config, section, seed_offset: int):
-  """A training stage that starts from π_0 or its descendants: it keeps their tokenizer (the fitted one with
-  `data.tokenizer=demos`)."""
-  c = stage_config(config, section, seed_offset=seed_offset)
-  if c.data.tokenizer == "demos":
-    c.data.tokenizer = ""
-  return c
-
-
 def _demos(workdir: str) -> list[types.Trajectory]:
   return rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos")))
 
@@ -203,7 +194,7 @@ def stage_orm(config, workdir, out):
   train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
   val = [t for t, h in zip(judged, held) if h]
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
-  finetune(_from_sft(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
+  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
            init_from=os.path.join(workdir, "sft"))
   loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
   probs = orm.probabilities(loaded, val, **_scoring(config))
@@ -432,7 +423,7 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
     loss = webrl_actor_loss_paper(float(config.actor.beta))
   else:
     loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
-  finetune(_from_sft(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
+  finetune(stage_config(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
   return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
           "trained_on": len(train), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
           "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}
