@@ -2,8 +2,11 @@
 
 Two tables:
   * the log-probability π_0 (`W/sft`) gives its own demonstrations' replies, by step kind (the cookie banner,
-    the category, the sort order, the stop). A kind the model can only get right by reading the intent (the
-    category, the order) that stays far below 0 on its own training samples is one it has not learnt to read;
+    the category, the sort order, the stop), and within a click's reply the tokens of the name it quotes in its
+    note and of the element id. A kind the model can only get right by reading the intent (the category, the
+    order) that stays far below 0 on its own training samples is one it has not learnt to read; an id as
+    unlikely as a guess after the right name (log 1/8 ≈ −2.08 for the categories) means it does not even look
+    back to the name it wrote a few tokens earlier;
   * for every policy evaluated in `W/eval/<policy>/` (held-out test intents): its success, how often the category
     it clicks is the intent's, and the category it clicks most (a policy that ignores the intent clicks one
     category for every task and solves only the test pairs of that category).
@@ -28,6 +31,7 @@ from jaxagent.proj.webrl import data
 from jaxagent.serving.checkpoint import load_policy
 
 _NOTE = re.compile(r'# Note: I will click "([^"]+)"')
+_ELEMENT = re.compile(r'element="([^"]+)"')
 _KINDS = ("cookies", "category", "order", "stop")
 
 
@@ -57,17 +61,51 @@ def intent_category(intent: str) -> str | None:
   return found[0] if len(found) == 1 else None
 
 
-def demo_logprobs(workdir: str, batch: int, max_len: int) -> dict[str, tuple[int, float]]:
-  """{step kind: (samples, mean summed log-probability of the reply)} of π_0 on its demonstrations."""
+def part_logprobs(tokenizer, reply: str, reply_ids, token_logp) -> dict[str, float]:
+  """Summed log-probability of the tokens of a click reply's quoted name (`name`) and of its element id (`id`),
+  given the reply's tokens and their log-probabilities (`scoring.score(per_token=True)`); a part the reply does
+  not have is left out. A token counts for a part when its characters overlap the part's."""
+  ends = [len(tokenizer.decode(list(reply_ids[:k + 1]))) for k in range(len(reply_ids))]
+  offset = tokenizer.decode(list(reply_ids)).find(reply)
+  if offset < 0:
+    return {}
+  spans = {}
+  for part, pattern in (("name", _NOTE), ("id", _ELEMENT)):
+    found = pattern.search(reply)
+    if found:
+      spans[part] = (offset + found.start(1), offset + found.end(1))
+  out = {}
+  for part, (lo, hi) in spans.items():
+    starts = [0] + ends[:-1]
+    out[part] = float(sum(lp for a, b, lp in zip(starts, ends, token_logp) if a < hi and b > lo))
+  return out
+
+
+def demo_logprobs(workdir: str, batch: int, max_len: int) -> dict[str, dict]:
+  """{step kind: {"samples", "reply", "name", "id"}} of π_0 on its demonstrations: the mean summed
+  log-probability of the whole reply, and for clicks of its quoted name's and element id's tokens."""
   trajs = [t for t in rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos"))) if t.success == 1.0]
-  items, kinds = [], []
+  items, kinds, replies = [], [], []
   for t in trajs:
     for s in t.steps:
       items.append(data.sample(f"{t.task.id}-{s.step}", s.obs_text, s.action_text))
       kinds.append(step_kind(s.action_text))
-  logp = scoring.score(load_policy(os.path.join(workdir, "sft")), items, batch=batch, max_len=max_len)["logp"]
-  kinds = np.asarray(kinds)
-  return {k: (int((kinds == k).sum()), float(logp[kinds == k].mean())) for k in _KINDS if (kinds == k).any()}
+      replies.append(s.action_text)
+  loaded = load_policy(os.path.join(workdir, "sft"))
+  scored = scoring.score(loaded, items, batch=batch, max_len=max_len, per_token=True)
+  parts = [part_logprobs(loaded.tokenizer, r, ids, lp)
+           for r, ids, lp in zip(replies, scored["reply_ids"], scored["token_logp"])]
+  out = {}
+  for kind in _KINDS:
+    rows = [i for i, k in enumerate(kinds) if k == kind]
+    if not rows:
+      continue
+    out[kind] = {"samples": len(rows), "reply": float(np.mean(scored["logp"][rows]))}
+    for part in ("name", "id"):
+      values = [parts[i][part] for i in rows if part in parts[i]]
+      if values:
+        out[kind][part] = float(np.mean(values))
+  return out
 
 
 def eval_report(store_dir: str) -> dict:
@@ -90,9 +128,10 @@ def main(argv=None) -> int:
   if not os.path.isdir(os.path.join(args.workdir, "sft", "demos")):
     print(f"{args.workdir}: no sft/demos (not a WebRL workdir past its SFT stage)", file=sys.stderr)
     return 1
-  print("π_0 on its own demonstrations: mean log-probability of the reply, by step")
-  for kind, (n, lp) in demo_logprobs(args.workdir, args.batch, args.max_len).items():
-    print(f"  {kind:<9} {n:>4} samples   {lp:8.3f}")
+  print("π_0 on its own demonstrations: mean log-probability of the reply, and of its quoted name and element id")
+  for kind, r in demo_logprobs(args.workdir, args.batch, args.max_len).items():
+    parts = "".join(f"   {p} {r[p]:7.3f}" for p in ("name", "id") if p in r)
+    print(f"  {kind:<9} {r['samples']:>4} samples   reply {r['reply']:8.3f}{parts}")
   eval_dir = os.path.join(args.workdir, "eval")
   names = sorted(d for d in os.listdir(eval_dir) if os.path.isdir(os.path.join(eval_dir, d))) if os.path.isdir(
       eval_dir) else []

@@ -27,9 +27,9 @@ def _forward(model, ids, attention_mask, targets, loss_mask, at):
   logits, hidden = model(ids, attention_mask=attention_mask, return_hidden=True)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
   tok = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  lp = jnp.sum(jnp.where(loss_mask > 0, tok, 0.0), -1)
+  tok = jnp.where(loss_mask > 0, tok, 0.0)
   rows = jnp.arange(ids.shape[0])
-  return lp, logits[rows, at].astype(jnp.float32), hidden[rows, at].astype(jnp.float32)
+  return tok, logits[rows, at].astype(jnp.float32), hidden[rows, at].astype(jnp.float32)
 
 
 def _bucket(n: int) -> int:
@@ -46,11 +46,12 @@ def encode(item: dict, tokenizer) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def score(loaded, items: Sequence[dict], *, batch: int = 8, max_len: int | None = None,
-          logit_ids: Sequence[int] | None = None, offset: int = 0) -> dict[str, np.ndarray]:
+          logit_ids: Sequence[int] | None = None, offset: int = 0, per_token: bool = False) -> dict:
   """For each text sample: `logp` (Σ log p of the reply's tokens), `tokens` (their count), `logits` at the
   reply's start ([N, V], or [N, len(logit_ids)] of those ids) and `hidden` there ([N, D]); `offset` > 0 reads
   the logits that many reply tokens later (past a prefix every reply shares, like the space a template writes
-  before it). `loaded`: a `serving.checkpoint.LoadedPolicy` of a text decoder. A sample longer than `max_len`
+  before it); `per_token=True` adds `token_logp`, each sample's reply tokens' log-probabilities in order (a list
+  of arrays), and `reply_ids`, those tokens. `loaded`: a `serving.checkpoint.LoadedPolicy` of a text decoder. A sample longer than `max_len`
   tokens is cut from the left of its prompt (its reply kept whole)."""
   if loaded.kind != "decoder":
     raise ValueError(f"scoring reads text decoders; {loaded.source or loaded.name} is a {loaded.kind}")
@@ -66,7 +67,7 @@ def score(loaded, items: Sequence[dict], *, batch: int = 8, max_len: int | None 
   n = len(rows)
   pick = None if logit_ids is None else np.asarray(list(logit_ids), np.int64)
   out = {"logp": np.zeros(n, np.float32), "tokens": np.zeros(n, np.int32)}
-  logits_out, hidden_out = [None] * n, [None] * n
+  logits_out, hidden_out, token_out, ids_out = [None] * n, [None] * n, [None] * n, [None] * n
   order = sorted(range(n), key=lambda i: len(rows[i][0]))
   pad = loaded.pad_id
   for start in range(0, n, batch):
@@ -81,14 +82,19 @@ def score(loaded, items: Sequence[dict], *, batch: int = 8, max_len: int | None 
       arrays["ids"][r, :m], arrays["targets"][r, :m] = ids[:-1], ids[1:]
       arrays["mask"][r, :m], arrays["loss"][r, :m] = 1, loss[1:]
       at[r] = pos
-    lp, logits, hidden = _forward(loaded.model, jnp.asarray(arrays["ids"]), jnp.asarray(arrays["mask"]),
+    tok, logits, hidden = _forward(loaded.model, jnp.asarray(arrays["ids"]), jnp.asarray(arrays["mask"]),
                                   jnp.asarray(arrays["targets"]), jnp.asarray(arrays["loss"]), jnp.asarray(at))
-    lp, logits, hidden = np.asarray(lp), np.asarray(logits), np.asarray(hidden)
+    tok, logits, hidden = np.asarray(tok), np.asarray(logits), np.asarray(hidden)
     for r, i in enumerate(chunk):
-      out["logp"][i] = lp[r]
+      out["logp"][i] = tok[r].sum()
+      if per_token:
+        reply = np.flatnonzero(arrays["loss"][r])
+        token_out[i], ids_out[i] = tok[r, reply], arrays["targets"][r, reply]
       out["tokens"][i] = int(rows[i][1][1:].sum())
       logits_out[i] = logits[r] if pick is None else logits[r, pick]
       hidden_out[i] = hidden[r]
   out["logits"] = np.stack(logits_out) if n else np.zeros((0, 0), np.float32)
   out["hidden"] = np.stack(hidden_out) if n else np.zeros((0, 0), np.float32)
+  if per_token:
+    out["token_logp"], out["reply_ids"] = token_out, ids_out
   return out

@@ -2,6 +2,8 @@
 
 import os
 
+import numpy as np
+
 from data_tools import webrl_instruction_probe as probe
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.types import Step, Task, Trajectory
@@ -37,3 +39,24 @@ def test_a_policy_that_clicks_one_category_is_told_apart(tmp_path):
   assert report["episodes"] == 3 and report["most_clicked"] == "home" and report["most_clicked_share"] == 1.0
   assert abs(report["category_right"] - 1 / 3) < 1e-9 and abs(report["success"] - 1 / 3) < 1e-9
   assert report["intent_categories"] == 3
+
+
+def test_part_logprobs_sum_the_tokens_of_the_quoted_name_and_of_the_element_id():
+  from jaxagent.data import conversation
+  from jaxagent.data.tokenizer import load_tokenizer
+  tokenizer = load_tokenizer(None, require_image_token=False)
+  reply = _click("Office Supplies", 117)
+  sample = {"id": "s", "images": [], "conversations": [{"from": "human", "value": "p"}, {"from": "gpt", "value": reply}]}
+  ids, loss = conversation.tokenize(sample, tokenizer, 1)
+  reply_ids = ids[loss > 0]
+  token_logp = -(2.0 ** np.arange(len(reply_ids)))  # each token its own bit: a part's sum names its tokens
+  parts = probe.part_logprobs(tokenizer, reply, reply_ids, token_logp)
+
+  def tokens_of(value):
+    bits = int(round(-value))
+    return [int(t) for k, t in enumerate(reply_ids) if bits >> k & 1]
+
+  name, element = tokenizer.decode(tokens_of(parts["name"])), tokenizer.decode(tokens_of(parts["id"]))
+  assert "Office Supplies" in name and "element" not in name and "117" not in name
+  assert "117" in element and "Office" not in element and len(element.strip()) <= len('="117")')
+  assert probe.part_logprobs(tokenizer, STOP, reply_ids, token_logp) == {}  # not this reply's tokens

@@ -51,6 +51,20 @@ def test_score_is_the_replys_log_probability_and_the_state_at_its_start(loaded):
   assert loss[at] == 0 and loss[at + 1] == 1  # `at` predicts the reply's first token
 
 
+def test_per_token_gives_each_reply_tokens_log_probability_in_order(loaded):
+  out = scoring.score(loaded, [SHORT, LONG, MID], batch=2, per_token=True)  # two buckets, rows sorted by length
+  for k, item in enumerate((SHORT, LONG, MID)):
+    ids, loss = conversation.tokenize(item, loaded.tokenizer, 1)
+    logits = np.asarray(loaded.model(jnp.asarray(ids[None, :-1])), np.float64)[0]
+    m = logits.max(-1, keepdims=True)
+    logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+    on = np.flatnonzero(loss[1:])
+    np.testing.assert_array_equal(out["reply_ids"][k], ids[1:][on])
+    np.testing.assert_allclose(out["token_logp"][k], logp[on, ids[1:][on]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["token_logp"][k].sum(), out["logp"][k], rtol=1e-5, atol=1e-5)
+  assert "token_logp" not in scoring.score(loaded, [MID])
+
+
 def test_logit_ids_and_offset_pick_columns_later_in_the_reply(loaded):
   ids, loss = conversation.tokenize(MID, loaded.tokenizer, 1)
   at = int(np.flatnonzero(loss)[0]) - 1
