@@ -133,7 +133,8 @@ def _load_workdir(workdir: str, step: int | None, config, mesh) -> LoadedPolicy:
                               "`python -m jaxagent.main` write it); pass config= to load_policy")
     config = read_workdir_config(cfg_path)
   tok_dir = os.path.join(workdir, "tokenizer")
-  tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None))
+  tokenizer = load_tokenizer(tok_dir if os.path.isdir(tok_dir) else (config.data.tokenizer or None),
+                             require_image_token=str(config.model.kind) == "vlm")  # a text model's may lack it
   built = models.build(config, tokenizer)
   tx, _ = make_optimizer(config.optim, int(config.train.steps))
   state = abstract_train_state(built.init, tx, mesh, wrt=built.trainable)

@@ -85,3 +85,26 @@ def test_bad_paths_say_what_is_missing(workdir, tmp_path):
   os.makedirs(bare / "checkpoints")
   with pytest.raises(FileNotFoundError, match="pass config="):
     checkpoint.load_policy(str(bare))
+
+
+@pytest.mark.slow
+def test_a_text_decoder_with_a_tokenizer_without_the_image_token_loads(tmp_path):
+  """A decoder trained with its own tokenizer (SmolLM2's has no `<image>`, WebRL's `:smollm`) loads for acting:
+  only a VLM's tokenizer needs the image placeholder."""
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.config import stage_config  # pylint: disable=g-import-not-at-top
+  recipe = webrl_config.get_config("smoke")
+  config = stage_config(recipe, recipe.sft)  # what the SFT stage's workdir holds
+  config.data.tokenizer = ""
+  tokenizer = load_tokenizer("smollm2", require_image_token=False)
+  tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+  (tmp_path / "config.json").write_text(config.to_json_best_effort(indent=2))
+  tx, _ = make_optimizer(config.optim, config.train.steps)
+  ts = create_train_state(lambda: models.build(config, tokenizer).init(), tx, sharding.make_mesh(dict(config.mesh)))
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  ckpt.save(1, ts.state, jax.random.key(0), {}, force=True)
+  ckpt.close()
+  policy = checkpoint.load_policy(str(tmp_path))
+  assert policy.kind == "decoder" and len(policy.tokenizer) == len(tokenizer)
+  assert policy.tokenizer.convert_tokens_to_ids("<image>") in (None, policy.tokenizer.unk_token_id)
+  np.testing.assert_array_equal(_params(policy.model)[0], _params(ts.model())[0])
