@@ -66,6 +66,7 @@ def part_logprobs(tokenizer, reply: str, reply_ids, token_logp) -> dict[str, flo
   given the reply's tokens and their log-probabilities (`scoring.score(per_token=True)`); a part the reply does
   not have is left out. A token counts for a part when its characters overlap the part's."""
   ends = [len(tokenizer.decode(list(reply_ids[:k + 1]))) for k in range(len(reply_ids))]
+  starts = [0] + ends[:-1]
   offset = tokenizer.decode(list(reply_ids)).find(reply)
   if offset < 0:
     return {}
@@ -76,7 +77,6 @@ def part_logprobs(tokenizer, reply: str, reply_ids, token_logp) -> dict[str, flo
       spans[part] = (offset + found.start(1), offset + found.end(1))
   out = {}
   for part, (lo, hi) in spans.items():
-    starts = [0] + ends[:-1]
     out[part] = float(sum(lp for a, b, lp in zip(starts, ends, token_logp) if a < hi and b > lo))
   return out
 

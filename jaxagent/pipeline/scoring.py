@@ -51,8 +51,8 @@ def score(loaded, items: Sequence[dict], *, batch: int = 8, max_len: int | None 
   reply's start ([N, V], or [N, len(logit_ids)] of those ids) and `hidden` there ([N, D]); `offset` > 0 reads
   the logits that many reply tokens later (past a prefix every reply shares, like the space a template writes
   before it); `per_token=True` adds `token_logp`, each sample's reply tokens' log-probabilities in order (a list
-  of arrays), and `reply_ids`, those tokens. `loaded`: a `serving.checkpoint.LoadedPolicy` of a text decoder. A sample longer than `max_len`
-  tokens is cut from the left of its prompt (its reply kept whole)."""
+  of arrays), and `reply_ids`, those tokens. `loaded`: a `serving.checkpoint.LoadedPolicy` of a text decoder. A
+  sample longer than `max_len` tokens is cut from the left of its prompt (its reply kept whole)."""
   if loaded.kind != "decoder":
     raise ValueError(f"scoring reads text decoders; {loaded.source or loaded.name} is a {loaded.kind}")
   rows = []
