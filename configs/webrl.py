@@ -72,13 +72,18 @@ def get_config(arg=None):
 
   # SFT: the scripted expert's demonstrations in WebRL's format (the original's web_policy_sft).
   c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b
-  c.sft = config_lib.stage(steps=400, batch_size=4, lr=3e-3)
+  c.sft = config_lib.stage(steps=400, batch_size=4, lr=1e-3)
+  # a departure: first `steps` steps on the same samples with each page cut to `prompt_chars` characters (the
+  # tiny decoder learns to read the instruction there, not on full pages; docs/results/webrl.md#warmup); 0 = off
+  c.sft.warmup = ml_collections.ConfigDict(dict(steps=900, prompt_chars=200))
 
   # ORM: trained on programmatically judged episodes on train tasks: the SFT actor's rollouts, the demonstrations
   # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);
   # `val_fraction` of the rollouts and near misses held out to report its agreement with the judge.
   c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, near_misses=48, val_fraction=0.25))
   c.orm.update(config_lib.stage(steps=150, batch_size=4, lr=1e-3))
+  # the same departure as sft.warmup, the final page cut: the ORM must compare the intent with the history's notes
+  c.orm.warmup = ml_collections.ConfigDict(dict(steps=300, prompt_chars=200))
 
   c.phases = 2
   c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
@@ -109,6 +114,8 @@ def get_config(arg=None):
     c.sampling.max_tokens = 16
     c.demos.episodes = 2
     c.sft.train.update(steps=3, batch_size=2)
+    c.sft.warmup.steps = 2
+    c.orm.warmup.steps = 2
     c.orm.update(episodes=3, near_misses=2)
     c.orm.train.update(steps=2, batch_size=2)
     c.phases = 2  # phase 2 runs the critic filter
@@ -123,6 +130,7 @@ def get_config(arg=None):
     c.data.tokenizer = ""  # the checkpoint's own
     c.data.seq_len = 4096
     c.sft.update(config_lib.stage(steps=200, batch_size=2, lr=5e-5))
+    c.sft.warmup.steps = c.orm.warmup.steps = 0  # a pretrained model reads already
     c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))
     c.actor.update(config_lib.stage(steps=60, batch_size=2, lr=1e-5))
     c.scoring.batch = 1

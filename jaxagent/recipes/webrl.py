@@ -26,7 +26,9 @@ rates and the ORM's agreement count judged episodes only.
 
 from __future__ import annotations
 
+import copy
 import functools
+import itertools
 import os
 import random
 from typing import Sequence
@@ -68,6 +70,11 @@ def check_config(config) -> None:
     raise ConfigError(f"config.data.tokenizer='demos' fits a new vocabulary, which model.hf_checkpoint="
                       f"{config.model.hf_checkpoint!r}'s embeddings do not have; set --config.data.tokenizer='' "
                       "(the checkpoint's own tokenizer)")
+  for stage, (key, least) in itertools.product(("sft", "orm"), (("steps", 0), ("prompt_chars", 1))):
+    value = config[stage].warmup[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      raise ConfigError(f"config.{stage}.warmup.{key}={value!r}: must be a whole number >= {least}; set "
+                        f"--config.{stage}.warmup.{key}={200 if key == 'prompt_chars' else 0}")
   if config.curriculum.generator != "openai":
     return
   gen = config.curriculum.openai
@@ -173,8 +180,32 @@ def stage_sft(config, workdir, out):
   if config.data.tokenizer == "demos":
     texts = [turn["value"] for it in items for turn in it["conversations"]]
     sft_config.data.tokenizer = fit_tokenizer(os.path.join(out, "fitted_tokenizer"), texts)
-  finetune(sft_config, out, items)
-  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
+  start = _warmup(config, config.sft, sft_config.data.tokenizer, items, data.cut_html, os.path.join(out, "warmup"))
+  finetune(sft_config, out, items, init_from=start)
+  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items),
+          "warmup_steps": int(config.sft.warmup.steps)}
+
+
+def _warmup(config, section, tokenizer: str, items: list[dict], cut, out: str, init_from: str | None = None,
+            seed_offset: int = 0) -> str | None:
+  """A stage's start: `section.warmup.steps` steps on its samples with each page cut by `cut` to
+  `section.warmup.prompt_chars` characters, from `init_from`; returns where the stage starts (`init_from` when off).
+
+  A decoder trained from scratch learns to look from its reply back to the intent's words over ~100 tokens, and
+  keeps doing so over the full ~750, where on full pages alone it does not learn it at all
+  (docs/results/webrl.md#warmup): short inputs first, as Shortformer's staged training (Press et al., 2021)."""
+  if int(section.warmup.steps) <= 0:
+    return init_from
+  chars = int(section.warmup.prompt_chars)
+  short = [{**it, "conversations": [{**it["conversations"][0], "value": cut(it["conversations"][0]["value"], chars)},
+                                    *it["conversations"][1:]]} for it in items]
+  warm = copy.deepcopy(section)
+  warm.train.steps = int(section.warmup.steps)
+  warm_config = stage_config(config, warm, seed_offset=seed_offset)
+  if tokenizer:
+    warm_config.data.tokenizer = tokenizer
+  finetune(warm_config, out, short, init_from=init_from)
+  return out
 
 
 def stage_orm(config, workdir, out):
@@ -194,8 +225,9 @@ def stage_orm(config, workdir, out):
   train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
   val = [t for t, h in zip(judged, held) if h]
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
-  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items,
-           init_from=os.path.join(workdir, "sft"))
+  start = _warmup(config, config.orm, "", items, orm.cut_screen, os.path.join(out, "warmup"),
+                  init_from=os.path.join(workdir, "sft"), seed_offset=3)
+  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items, init_from=start)
   loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
   probs = orm.probabilities(loaded, val, **_scoring(config))
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])

@@ -13,13 +13,14 @@ import pytest
 
 import killed_run
 from configs import webrl as webrl_config
-from jaxagent.agents.webrl import WebRL
+from jaxagent.agents.webrl import WebRL, current_html
 from jaxagent.data import tokenizer as tokenizer_lib
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.pipeline.stages import DONE
 from jaxagent.recipes import webrl
+from jaxagent.types import Observation
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +175,31 @@ def test_compact_html_keeps_the_ids_the_actions_name():
   full, compact = WebRL().build_prompt("Open audio", obs, []), WebRL(compact=True).build_prompt("Open audio", obs, [])
   assert html in full
   assert '<a id="3"> Audio </a>' in compact
+
+
+def test_the_sft_warmup_trains_on_the_same_samples_with_short_pages_first(monkeypatch, tmp_path):
+  config = webrl_config.get_config()
+  config.sft.warmup.update(steps=7, prompt_chars=20)
+  html = "<html> " + " ".join(f'<a id="{i}"> Link {i} </a>' for i in range(40)) + " </html>"
+  prompt = WebRL().build_prompt("Open link 3", Observation(url="", html=html, intent="Open link 3"), [])
+  items = [webrl.data.sample("t-1", prompt, 'do(action="Click", element="3")')]
+  calls = []
+  monkeypatch.setattr(webrl, "finetune", lambda cfg, out, its, **kw: calls.append((cfg, out, its, kw)))
+  start = webrl._warmup(config, config.sft, "tok", items, webrl.data.cut_html, str(tmp_path / "warmup"))
+  assert start == str(tmp_path / "warmup")
+  (cfg, out, short, kw), = calls
+  assert out == start and cfg.train.steps == 7 and cfg.data.tokenizer == "tok" and kw == {"init_from": None}
+  assert short[0]["conversations"][1] == items[0]["conversations"][1]  # the reply unchanged
+  assert current_html(short[0]["conversations"][0]["value"]) == html[:20]
+  config.sft.warmup.steps = 0
+  assert webrl._warmup(config, config.sft, "", items, webrl.data.cut_html, "off", init_from="W/sft") == "W/sft"
+  assert len(calls) == 1
+
+
+@pytest.mark.parametrize("stage", ["sft", "orm"])
+@pytest.mark.parametrize("key,value", [("steps", -1), ("prompt_chars", 0)])
+def test_a_bad_warmup_value_is_refused_naming_the_key(stage, key, value):
+  config = webrl_config.get_config()
+  config[stage].warmup[key] = value
+  with pytest.raises(ConfigError, match=rf"config\.{stage}\.warmup\.{key}="):
+    webrl.check_config(config)

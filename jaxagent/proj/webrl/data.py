@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxagent import types
+from jaxagent.agents.webrl import current_html
 
 GAMMA = 0.9  # process_data.py: add_mc_return(t, gamma=0.9)
 
@@ -21,6 +22,16 @@ def sample(sample_id: str, prompt: str, reply: str, **scalars: float) -> dict:
   """A text training sample: the prompt as the human turn, the reply as the assistant's."""
   return {"id": sample_id, "images": [], "conversations": [{"from": "human", "value": prompt},
                                                            {"from": "gpt", "value": reply}], **scalars}
+
+
+def cut_html(prompt: str, chars: int) -> str:
+  """`prompt` (a `webrl_prompt`) with its current round's HTML cut to its first `chars` characters: the instruction,
+  the history and the reply unchanged, the page short (the SFT warm-up's samples)."""
+  html = current_html(prompt)
+  if not html:
+    return prompt
+  head = prompt.rfind(html)
+  return prompt[:head] + html[:chars] + prompt[head + len(html):]
 
 
 def mc_returns(n: int, reward: float, gamma: float = GAMMA) -> np.ndarray:

@@ -22,6 +22,7 @@ from jaxagent.pipeline import scoring
 from jaxagent.proj.webrl import data
 
 ANSWERS = ("YES", "NO")
+_SCREEN = "The Current Screenshot:\n"  # `rm_format`'s heading of the final page
 
 
 def near_misses(tasks: Sequence[types.Task], pool: Sequence[types.Task], seed: int) -> list[types.Task]:
@@ -43,6 +44,12 @@ def orm_text(traj: types.Trajectory) -> str:
   last = traj.steps[-1].obs_text if traj.steps else ""
   user = fmt.orm_user_content(traj.task.intent, [s.action_text for s in traj.steps], fmt.current_html(last))
   return f"{fmt.ORM_SYSTEM_PROMPT}\n\n{user}"
+
+
+def cut_screen(text: str, chars: int) -> str:
+  """An `orm_text` with its final page ("The Current Screenshot") cut to its first `chars` characters."""
+  head = text.rfind(_SCREEN)
+  return text if head < 0 else text[:head + len(_SCREEN) + chars]
 
 
 def orm_sample(traj: types.Trajectory, label: bool, sample_id: str = "") -> dict:

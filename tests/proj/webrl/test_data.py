@@ -60,3 +60,15 @@ def test_sample_is_one_human_and_one_gpt_turn():
   s = data.sample("i", "prompt", "reply", weight=0.5)
   assert s == {"id": "i", "images": [], "conversations": [{"from": "human", "value": "prompt"},
                                                           {"from": "gpt", "value": "reply"}], "weight": 0.5}
+
+
+def test_cut_html_cuts_only_the_current_rounds_page():
+  from jaxagent.agents.webrl import webrl_prompt
+  html = '<html> <a id="5"> Apparel </a> <a id="6"> Audio </a> </html>'
+  prompt = webrl_prompt("Open the audio category", ['do(action="Click", element="29")'], html)
+  cut = data.cut_html(prompt, 12)
+  assert cut == prompt.replace(html, '<html> <a id')
+  assert cut.startswith("Task Instruction: Open the audio category\n\nRound 0")  # the instruction and history kept
+  assert 'do(action="Click", element="29")' in cut
+  assert data.cut_html(prompt, 1000) == prompt
+  assert data.cut_html("no rounds here", 3) == "no rounds here"

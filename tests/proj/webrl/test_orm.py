@@ -55,6 +55,13 @@ def test_orm_text_is_the_system_prompt_then_rm_format_over_the_last_steps_html()
     assert earlier not in text
 
 
+def test_cut_screen_cuts_only_the_final_page():
+  text = orm.orm_text(_traj())
+  assert orm.cut_screen(text, 6) == text.replace('<html><button id="7">Add to cart</button></html>', "<html>")
+  assert orm.cut_screen(text, 1000) == text
+  assert orm.cut_screen("no screen", 3) == "no screen"
+
+
 def test_orm_text_strips_the_intent_and_of_a_one_step_episode_reads_its_only_page():
   text = orm.orm_text(_traj(htmls=HTMLS[:1], replies=REPLIES[:1], intent="  spaced intent \n"))
   assert "The User Intent:\nspaced intent\n\nAction History:\n" in text
