@@ -6,10 +6,9 @@ ORM labels → critic → actor) → evaluation on held-out tasks.
 The bare file is the embedded default (a laptop CPU, no download): the bundled sites' desktop window with WebRL's
 simplified-HTML observation (`text` profile, no screenshots), the `shop_category_order` tasks (24 (category,
 order) pairs in train, 8 held-out pairs in test), a tiny text decoder trained from scratch on the scripted
-expert's WebRL-format demonstrations (the stand-in for the SFT Llama-3.1-8B) with a tokenizer fitted on them, an
-ORM and a critic on its trunk, and two phases. That decoder does not learn to read the instruction's category
-(docs/results/webrl.md#instruction): its held-out figure is not a learning figure; `:smollm` is the start that
-can. Every training episode (demonstrations, ORM data, curriculum rollouts) is a train task; the
+expert's WebRL-format demonstrations (the stand-in for the SFT Llama-3.1-8B) with a tokenizer fitted on them and
+a warm-up on the same samples with short pages first (without it that decoder does not learn to read the
+instruction: docs/results/webrl.md#warmup), an ORM and a critic on its trunk, and two phases. Every training episode (demonstrations, ORM data, curriculum rollouts) is a train task; the
 evaluation's are the test tasks. Figures and departures: docs/results/webrl.md.
 
 Keys a researcher changes first:
@@ -17,6 +16,8 @@ Keys a researcher changes first:
   curriculum.tasks  new tasks per phase (the original keeps 500)
   actor.loss        code (the code's clipped log-ratio regression, §3.8) | paper ((β log π/π_ref − A)²) | sft
   html              full (the observer's simplified HTML) | compact (the original parser's attributes, no data-bbox)
+  sft.warmup        steps / prompt_chars: SFT steps on the demonstrations with each page cut to prompt_chars
+                    characters before the SFT proper (a departure; 0 steps = off); orm.warmup the same for the ORM
   data.tokenizer    demos (the embedded BPE fitted again on the demonstrations' texts: half the tokens) | "" (the
                     embedded BPE, or a checkpoint's own) | a tokenizer directory
   prompt_chars      where the prompt cuts history + HTML (the original's 15872; 2048 keeps the default's
