@@ -99,6 +99,9 @@ def get_config(arg=None):
   c.critic = config_lib.stage(steps=200, batch_size=32, lr=1e-3, warmup_steps=0, end_lr_ratio=1.0)
   c.actor = config_lib.stage(steps=100, batch_size=4, lr=3e-4)
   c.actor.loss = "code"  # code | paper | sft
+  # at most this many passes over a phase's samples (the original: one epoch); 100 steps × 4 are ~2 over a phase
+  # of 48 tasks, and the critic filter can leave 3 (docs/results/webrl.md#warmup)
+  c.actor.epochs = 2.0
   c.actor.beta = 0.5  # the paper's β (actor.loss=paper)
   c.actor.add_sft_loss = False  # the code's add_sft_loss term (off in its configs)
   c.replay = ml_collections.ConfigDict(dict(low=0.5, high=0.95, cap=2))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import math
 import os
 import random
 from typing import Sequence
@@ -75,6 +76,9 @@ def check_config(config) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
       raise ConfigError(f"config.{stage}.warmup.{key}={value!r}: must be a whole number >= {least}; set "
                         f"--config.{stage}.warmup.{key}={200 if key == 'prompt_chars' else 0}")
+  if isinstance(config.actor.epochs, bool) or not config.actor.epochs > 0:
+    raise ConfigError(f"config.actor.epochs={config.actor.epochs!r}: must be > 0 (passes over a phase's samples at "
+                      "most); set --config.actor.epochs=2")
   if config.curriculum.generator != "openai":
     return
   gen = config.curriculum.openai
@@ -427,6 +431,13 @@ def _history(config, workdir: str, t: int) -> dict:
   return data.step_rows([trajs[i] for i in keep], [rewards[i] for i in keep])
 
 
+def actor_steps(config, samples: int) -> int:
+  """`actor.train.steps`, capped at `actor.epochs` passes over the phase's `samples` (the original trains one
+  epoch): a phase whose critic filter left a few tasks does not fit their steps dozens of times over."""
+  per_epoch = samples / int(config.actor.train.batch_size)
+  return max(1, min(int(config.actor.train.steps), math.ceil(float(config.actor.epochs) * per_epoch)))
+
+
 def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: str) -> dict:
   """π_t from π_{t−1} on this phase's steps (advantages from the critic) and the replayed successes."""
   prev = phase_actor(workdir, t - 1)
@@ -455,9 +466,11 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
     loss = webrl_actor_loss_paper(float(config.actor.beta))
   else:
     loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
-  finetune(stage_config(config, config.actor, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
+  section = copy.deepcopy(config.actor)
+  section.train.steps = actor_steps(config, len(train))
+  finetune(stage_config(config, section, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
   return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
-          "trained_on": len(train), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
+          "trained_on": len(train), "steps": int(section.train.steps), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
           "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}
 
 

@@ -203,3 +203,16 @@ def test_a_bad_warmup_value_is_refused_naming_the_key(stage, key, value):
   config[stage].warmup[key] = value
   with pytest.raises(ConfigError, match=rf"config\.{stage}\.warmup\.{key}="):
     webrl.check_config(config)
+
+
+def test_the_actor_trains_at_most_actor_epochs_passes_over_its_samples():
+  config = webrl_config.get_config()
+  config.actor.train.update(steps=100, batch_size=4)
+  config.actor.epochs = 2.0
+  assert webrl.actor_steps(config, 191) == 96  # ceil(2 × 191 / 4)
+  assert webrl.actor_steps(config, 12) == 6
+  assert webrl.actor_steps(config, 400) == 100  # the configured steps when they are fewer
+  assert webrl.actor_steps(config, 0) == 1
+  config.actor.epochs = 0.0
+  with pytest.raises(ConfigError, match=r"config\.actor\.epochs=0\.0"):
+    webrl.check_config(config)
