@@ -8,8 +8,9 @@ simplified-HTML observation (`text` profile, no screenshots), the `shop_category
 order) pairs in train, 8 held-out pairs in test), a tiny text decoder trained from scratch on the scripted
 expert's WebRL-format demonstrations (the stand-in for the SFT Llama-3.1-8B) with a tokenizer fitted on them and
 a warm-up on the same samples with short pages first (without it that decoder does not learn to read the
-instruction: docs/results/webrl.md#warmup), an ORM and a critic on its trunk, and two phases. Every training episode (demonstrations, ORM data, curriculum rollouts) is a train task; the
-evaluation's are the test tasks. Figures and departures: docs/results/webrl.md.
+instruction: docs/results/webrl.md#warmup), an ORM and a critic on its trunk, and two phases. Every training
+episode (demonstrations, ORM data, curriculum rollouts) is a train task; the evaluation's are the test tasks.
+Figures and departures: docs/results/webrl.md.
 
 Keys a researcher changes first:
   phases            how many curriculum → rollouts → critic → actor phases
@@ -100,7 +101,7 @@ def get_config(arg=None):
   c.actor = config_lib.stage(steps=100, batch_size=4, lr=3e-4)
   c.actor.loss = "code"  # code | paper | sft
   # at most this many passes over a phase's samples (the original: one epoch); 100 steps × 4 are ~2 over a phase
-  # of 48 tasks, and the critic filter can leave 3 (docs/results/webrl.md#warmup)
+  # of 48 tasks, and the critic filter can leave 3 (docs/results/webrl.md#epochs)
   c.actor.epochs = 2.0
   c.actor.beta = 0.5  # the paper's β (actor.loss=paper)
   c.actor.add_sft_loss = False  # the code's add_sft_loss term (off in its configs)

@@ -470,7 +470,8 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
   section.train.steps = actor_steps(config, len(train))
   finetune(stage_config(config, section, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
   return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
-          "trained_on": len(train), "steps": int(section.train.steps), "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
+          "trained_on": len(train), "steps": int(section.train.steps),
+          "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
           "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}
 
 
