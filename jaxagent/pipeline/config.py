@@ -22,15 +22,17 @@ class ConfigError(ValueError):
   """A config value that cannot run; the message names the key, what is allowed and the fix."""
 
 
-def stage_config(config, section, *, seed_offset: int = 0):
-  """The config one training stage runs with: `section.train` / `section.optim` over the shared blocks, the
-  seed offset by `seed_offset` (stages draw different batches), and logging, warmup and checkpoint intervals
-  capped at the stage's step count."""
+def stage_config(config, section, *, seed_offset: int = 0, steps: int | None = None):
+  """The config one training stage runs with: `section.train` / `section.optim` over the shared blocks (`steps`,
+  when given, over `section.train.steps`), the seed offset by `seed_offset` (stages draw different batches), and
+  logging, warmup and checkpoint intervals capped at the stage's step count."""
   c = copy.deepcopy(config)
   c.unlock()
   c.seed = int(config.seed) + seed_offset
   c.train.update(dict(section.train))
   c.optim.update(dict(section.optim))
+  if steps is not None:
+    c.train.steps = int(steps)
   steps = int(c.train.steps)
   c.train.log_every = max(1, min(int(c.train.log_every), steps))
   c.optim.warmup_steps = min(int(c.optim.warmup_steps), max(steps // 10, 1))

@@ -26,7 +26,6 @@ rates and the ORM's agreement count judged episodes only.
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import math
@@ -186,8 +185,7 @@ def stage_sft(config, workdir, out):
     sft_config.data.tokenizer = fit_tokenizer(os.path.join(out, "fitted_tokenizer"), texts)
   start = _warmup(config, config.sft, sft_config.data.tokenizer, items, data.cut_html, os.path.join(out, "warmup"))
   finetune(sft_config, out, items, init_from=start)
-  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items),
-          "warmup_steps": int(config.sft.warmup.steps)}
+  return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
 
 
 def _warmup(config, section, tokenizer: str, items: list[dict], cut, out: str, init_from: str | None = None,
@@ -203,9 +201,7 @@ def _warmup(config, section, tokenizer: str, items: list[dict], cut, out: str, i
   chars = int(section.warmup.prompt_chars)
   short = [{**it, "conversations": [{**it["conversations"][0], "value": cut(it["conversations"][0]["value"], chars)},
                                     *it["conversations"][1:]]} for it in items]
-  warm = copy.deepcopy(section)
-  warm.train.steps = int(section.warmup.steps)
-  warm_config = stage_config(config, warm, seed_offset=seed_offset)
+  warm_config = stage_config(config, section, seed_offset=seed_offset, steps=int(section.warmup.steps))
   if tokenizer:
     warm_config.data.tokenizer = tokenizer
   finetune(warm_config, out, short, init_from=init_from)
@@ -466,11 +462,10 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
     loss = webrl_actor_loss_paper(float(config.actor.beta))
   else:
     loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
-  section = copy.deepcopy(config.actor)
-  section.train.steps = actor_steps(config, len(train))
-  finetune(stage_config(config, section, seed_offset=40 + t), out, train, init_from=prev, loss=loss)
+  actor_config = stage_config(config, config.actor, seed_offset=40 + t, steps=actor_steps(config, len(train)))
+  finetune(actor_config, out, train, init_from=prev, loss=loss)
   return {"phase_steps": n_now, "replay_candidates": len(history["state"]), "replayed": int(len(replayed)),
-          "trained_on": len(train), "steps": int(section.train.steps),
+          "trained_on": len(train), "steps": int(actor_config.train.steps),
           "positive_advantage": float(np.mean(adv[chosen] >= 0)) if chosen else 0.0,
           "mean_ref_prob": float(np.mean(np.exp(ref["logp"] / np.maximum(ref["tokens"], 1)))) if items else None}
 

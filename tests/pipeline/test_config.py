@@ -29,6 +29,13 @@ def test_each_stage_trains_with_its_own_and_the_shared_values(module, sections):
     assert (c.train.steps, c.optim.lr, c.optim.weight_decay) == (77, 0.5, 0.25), name
 
 
+def test_a_stage_run_for_other_steps_caps_its_intervals_at_them():
+  config = digiq_config.get_config(None)
+  c = stage_config(config, config.actor, steps=3)
+  assert c.train.steps == 3 and config.actor.train.steps != 3  # the section itself unchanged
+  assert c.train.log_every <= 3 and c.checkpoint.every <= 3 and c.optim.warmup_steps <= 1
+
+
 def test_enumerated_values_and_missing_paths_are_refused_naming_the_key(tmp_path):
   config = digiq_config.get_config(None)
   validate(config, digiq.CHOICES, digiq.LISTS)
