@@ -114,7 +114,20 @@ class Stages:
     return (f"; it ran with {diffs}: to rerun it with the new values, delete {out} and the directories of the "
             "finished stages after it")
 
+  def nested_times(self) -> dict[str, float]:
+    """`<sub>/<stage>` times of the runners in this workdir's subdirectories that are not its own stages (WebRL's
+    `phase<t>/`); a runner inside one of its stages (DigiRL's `online/`) is in that stage's time already."""
+    out = {}
+    subs = [d for d in os.listdir(self.workdir) if d not in self.times and os.path.isdir(self.dir(d))]
+    for sub in sorted(subs, key=lambda d: (len(d), d)):  # phase2 before phase10
+      path = os.path.join(self.dir(sub), "timings.json")
+      if os.path.exists(path):
+        out.update({f"{sub}/{k}": v for k, v in read_json(path).items()})
+    return out
+
   def table(self) -> str:
-    rows = [f"  {k:<16} {v:8.1f} s" for k, v in self.times.items()]
+    times = {**self.times, **self.nested_times()}
+    width = max([16] + [len(k) for k in times])
+    rows = [f"  {k:<{width}} {v:8.1f} s" for k, v in times.items()]
     return "\n".join(["stage times (this workdir, all runs):"] + rows +
-                     [f"  {'total':<16} {sum(self.times.values()):8.1f} s"])
+                     [f"  {'total':<{width}} {sum(times.values()):8.1f} s"])

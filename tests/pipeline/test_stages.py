@@ -36,3 +36,21 @@ def test_rerun_with_other_values_names_what_the_finished_stage_used(tmp_path, ca
   Stages(str(tmp_path), "t", config).run("il", lambda out: {})
   out = capsys.readouterr().out
   assert "il.train.steps=500 (now 800)" in out and "seed" not in out.split("skipped")[1]
+
+
+def test_the_time_table_adds_runners_in_subdirectories_but_not_those_inside_a_stage(tmp_path):
+  outer = Stages(str(tmp_path), "t")
+  outer.run("sft", lambda out: {})
+  # a runner inside a stage (DigiRL's online/): its time is already the stage's
+  outer.run("online", lambda out: Stages(out, "t/online").run("round", lambda o: {}) and {})
+  for t in (1, 2, 10):  # runners beside the stages (WebRL's phase<t>/)
+    Stages(str(tmp_path / f"phase{t}"), f"t/phase{t}").run("actor", lambda out: {})
+  json.dump({"actor": 5.0}, open(tmp_path / "phase2" / "timings.json", "w"))
+  nested = outer.nested_times()
+  assert list(nested) == ["phase1/actor", "phase2/actor", "phase10/actor"] and nested["phase2/actor"] == 5.0
+  table = outer.table().splitlines()
+  assert [r.split()[0] for r in table[1:]] == ["sft", "online", "phase1/actor", "phase2/actor", "phase10/actor",
+                                               "total"]
+  total = float(table[-1].split()[1])
+  assert abs(total - (sum(outer.times.values()) + sum(nested.values()))) < 0.11
+  assert total >= 5.0
