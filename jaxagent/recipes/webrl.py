@@ -208,9 +208,10 @@ def _warmup(config, section, tokenizer: str, items: list[dict], cut, out: str, i
   return out
 
 
-def stage_orm(config, workdir, out):
-  """π_0's judged rollouts on train tasks, the demonstrations and the expert's near misses → the ORM, initialised
-  from π_0; its agreement with the judge on `orm.val_fraction` of the rollouts and near misses, held out."""
+def orm_episodes(config, workdir: str, out: str) -> tuple[list, list, list, list]:
+  """The ORM's judged episodes on train tasks (run into `out`, or read back where they are): π_0's rollouts, the
+  expert's near misses, and the (train, held-out) split: `orm.val_fraction` of the rollouts and near misses held
+  out, the demonstrations all in train. Returns (rollouts, near misses, train, held out)."""
   pool = device.suite(workdir, "train")
   tasks = draw_episodes(pool, int(config.orm.episodes), int(config.seed) + 1, "orm")
   trajs = [t for t in _rollout(config, os.path.join(workdir, "sft"), float(config.orm.temperature), tasks,
@@ -224,17 +225,30 @@ def stage_orm(config, workdir, out):
   held = rng.random(len(judged)) < float(config.orm.val_fraction)
   train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
   val = [t for t, h in zip(judged, held) if h]
+  return trajs, decoys, train, val
+
+
+def stage_orm(config, workdir, out):
+  """π_0's judged rollouts on train tasks, the demonstrations and the expert's near misses → the ORM, initialised
+  from π_0; its agreement with the judge on `orm.val_fraction` of the rollouts and near misses, held out."""
+  trajs, decoys, train, val = orm_episodes(config, workdir, out)
   items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
+  held_out = train_orm(config, workdir, out, items, val)
+  tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
+  return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
+          "near_miss_success": success_rate(decoys), "train_episodes": len(train),
+          "train_positive": sum(t.success == 1.0 for t in train), "held_out": held_out}
+
+
+def train_orm(config, workdir: str, out: str, items: list[dict], val: Sequence[types.Trajectory]) -> dict:
+  """The ORM (`out/model`) fine-tuned from π_0 on `items` (after its warm-up); its agreement with the judge on
+  `val`."""
   start = _warmup(config, config.orm, "", items, orm.cut_screen, os.path.join(out, "warmup"),
                   init_from=os.path.join(workdir, "sft"), seed_offset=3)
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items, init_from=start)
   loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
   probs = orm.probabilities(loaded, val, **_scoring(config))
-  tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
-  return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
-          "near_miss_success": success_rate(decoys), "train_episodes": len(train),
-          "train_positive": sum(t.success == 1.0 for t in train),
-          "held_out": orm.agreement(probs, [t.success for t in val])}
+  return orm.agreement(probs, [t.success for t in val])
 
 
 def start_pages(workdir: str) -> dict[str, str]:
