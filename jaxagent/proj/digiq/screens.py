@@ -193,10 +193,12 @@ def build_representation_dataset(trajectories: Iterable[types.Trajectory],
       label = screen_change_label(screen, load_image(step.next_image_path))
       q_image, prompt = representation_query(screen, step.action_text, icon_size)
       name = f"{episode}-{step.step}.png"
-      Image.fromarray(q_image).save(os.path.join(image_dir, name))
+      image_tmp = os.path.join(image_dir, f".{name}.tmp{os.getpid()}")
+      Image.fromarray(q_image).save(image_tmp, format="PNG")
+      os.replace(image_tmp, os.path.join(image_dir, name))
       samples.append(representation_sample(f"{episode}-{step.step}", f"images/{name}", prompt, label))
   path = os.path.join(out_dir, "representation_sft.json")
-  tmp = path + ".tmp"
+  tmp = f"{path}.tmp{os.getpid()}"  # each process of a multi-host run writes the same files: its own temporary
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(samples, f)
   os.replace(tmp, path)  # a killed run never leaves a half-written dataset behind

@@ -147,3 +147,30 @@ def test_build_representation_dataset_from_a_store(tmp_path):
   from PIL import Image
   with Image.open(q_image) as im:
     np.testing.assert_array_equal(np.asarray(im), digiq.overlay_cursor(a, TAP))
+
+
+def test_two_processes_writing_the_same_representation_dataset_do_not_collide(tmp_path, monkeypatch):
+  """A multi-host run builds the dataset in every process into one directory: the second process writing while the
+  first is between its write and its rename (the CI failure: a shared temporary name renamed away) is harmless."""
+  store = TrajectoryStore(str(tmp_path / "store"))
+  task = types.Task(id="t0", intent="Open settings", site="phone", start_url="http://x/", profile="device")
+  obs = lambda img, i: types.Observation(intent=task.intent, step=i, screenshot=img)
+  step = types.Step(step=0, action_text=TAP, observation=obs(_screen(255), 0))
+  store.append(types.Trajectory(task=task, steps=[step], final_observation=obs(_screen(0), 1)))
+  out = str(tmp_path / "sft")
+  dump, pid = json.dump, [100]
+  monkeypatch.setattr(digiq.os, "getpid", lambda: pid[0])
+
+  def interleaved(obj, f):  # process 100 writes its file; process 101 runs whole before 100 renames it
+    dump(obj, f)
+    if pid[0] == 100:
+      pid[0] = 101
+      digiq.build_representation_dataset(store, store.load_image, out)
+      pid[0] = 100
+
+  monkeypatch.setattr(digiq.json, "dump", interleaved)
+  path = digiq.build_representation_dataset(store, store.load_image, out)
+  with open(path) as f:
+    assert len(json.load(f)) == 1
+  assert sorted(os.listdir(out)) == ["images", "representation_sft.json"]  # no temporary left behind
+  assert [n for n in os.listdir(os.path.join(out, "images")) if not n.endswith(".png") or n.startswith(".")] == []
