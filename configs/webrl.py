@@ -81,8 +81,11 @@ def get_config(arg=None):
 
   # ORM: trained on programmatically judged episodes on train tasks: the SFT actor's rollouts, the demonstrations
   # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);
-  # `val_fraction` of the rollouts and near misses held out to report its agreement with the judge.
-  c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, near_misses=48, val_fraction=0.25))
+  # `val_fraction` of them held out to report its agreement with the judge: `held_out` task (that fraction of the
+  # intents, with their demonstrations: texts the ORM never saw) | episode (that fraction of the episodes; a held-out
+  # success then repeats its demonstration's text, in train)
+  c.orm = ml_collections.ConfigDict(dict(episodes=64, temperature=1.0, near_misses=48, val_fraction=0.25,
+                                         held_out="task"))
   c.orm.update(config_lib.stage(steps=150, batch_size=4, lr=1e-3))
   # the same departure as sft.warmup, the final page cut: the ORM must compare the intent with the history's notes
   c.orm.warmup = ml_collections.ConfigDict(dict(steps=300, prompt_chars=200))

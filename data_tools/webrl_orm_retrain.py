@@ -3,15 +3,18 @@ optionally hindsight relabelling, and prints its agreement with the judge on the
 
   python data_tools/webrl_orm_retrain.py --workdir W --out /tmp/orm_x orm.near_misses=96
   python data_tools/webrl_orm_retrain.py --workdir W --out /tmp/orm_y --relabel 1 orm.train.steps=450
+  python data_tools/webrl_orm_retrain.py --workdir W --out /tmp/orm_z --from-checkpoint orm.held_out=task \
+      model.hf_checkpoint=smollm2 data.tokenizer= data.seq_len=4096 orm.warmup.steps=0 orm.optim.lr=5e-5 ...
 
 `W` is one seed's workdir (its `config.json`, `tasks`, `sft`, `orm`); π_0's rollouts and the near misses are copied
 from `W/orm` and only the ones a larger `orm.episodes` / `orm.near_misses` asks for are run (Chromium, the sites).
-The held-out split is the stage's. `--relabel N` adds, for every train episode, the sibling train tasks (same
-template, other intent) whose evaluator its stored final state passes, as positives, and N siblings whose
-evaluator it fails, as negatives (hindsight relabelling, Andrychowicz et al., 2017): the same history under
-intents it does and does not satisfy. Only evaluators the judge can read from a stored episode count (URL and
-answer matches; a `state_match` needs the live session and is skipped). `fresh_episodes`: how many held-out
-episodes have an ORM text that no train sample has (relabelling can put a held-out near miss's text in train).
+The held-out split is the stage's (a run from before `orm.held_out` split by episode; `orm.held_out=task` splits
+it by intent). `--relabel N` adds, for every train episode, the sibling train tasks (same template, other intent)
+whose evaluator its stored final state passes, as positives, and N siblings whose evaluator it fails, as negatives
+(hindsight relabelling, Andrychowicz et al., 2017): the same history under intents it does and does not satisfy.
+Only evaluators the judge can read from a stored episode count (URL and answer matches; a `state_match` needs the
+live session and is skipped). `fresh_episodes`: how many held-out episodes have an ORM text that no train sample
+has (relabelling can put a held-out near miss's text in train).
 """
 
 from __future__ import annotations
@@ -75,10 +78,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True)
   parser.add_argument("--relabel", type=int, default=0, help="relabelled negatives per train episode (0 = off)")
+  parser.add_argument("--from-checkpoint", action="store_true",
+                      help="start from model.hf_checkpoint's weights (set it among the overrides), not the run's π_0")
   parser.add_argument("overrides", nargs="*", help="config key=value")
   args = parser.parse_args(argv)
   with open(os.path.join(args.workdir, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
+  if "held_out" not in config.orm:
+    config.orm.held_out = "episode"  # a run from before the key split by episode
   for assignment in args.overrides:
     override(config, assignment)
   config.train.progress_bar = False
@@ -91,7 +98,7 @@ def main(argv=None) -> dict:
   if args.relabel:
     samples += relabel(train, device.suite(args.workdir, "train"), args.relabel, int(config.seed))
   items = [orm.orm_sample(t, ok, f"orm-{i}") for i, (t, ok) in enumerate(samples)]
-  held_out = webrl.train_orm(config, args.workdir, args.out, items, val)
+  held_out = webrl.train_orm(config, args.workdir, args.out, items, val, from_policy=not args.from_checkpoint)
   texts = {it["conversations"][0]["value"] for it in items}
   fresh = [t for t in val if orm.orm_text(t) not in texts]
   result = {"train_samples": len(items), "train_positive": sum(ok for _, ok in samples), "held_out": held_out,

@@ -61,6 +61,7 @@ CHOICES = {
     "demos.split": ("train", "train_a", "train_b"),
     "actor.loss": ("code", "paper", "sft"),
     "curriculum.generator": ("variations", "openai"),
+    "orm.held_out": orm.HELD_OUT,
 }
 
 
@@ -210,8 +211,8 @@ def _warmup(config, section, tokenizer: str, items: list[dict], cut, out: str, i
 
 def orm_episodes(config, workdir: str, out: str) -> tuple[list, list, list, list]:
   """The ORM's judged episodes on train tasks (run into `out`, or read back where they are): π_0's rollouts, the
-  expert's near misses, and the (train, held-out) split: `orm.val_fraction` of the rollouts and near misses held
-  out, the demonstrations all in train. Returns (rollouts, near misses, train, held out)."""
+  expert's near misses, and the (train, held-out) split of `orm.held_out` (`orm.split_held_out`). Returns
+  (rollouts, near misses, train, held out)."""
   pool = device.suite(workdir, "train")
   tasks = draw_episodes(pool, int(config.orm.episodes), int(config.seed) + 1, "orm")
   trajs = [t for t in _rollout(config, os.path.join(workdir, "sft"), float(config.orm.temperature), tasks,
@@ -221,10 +222,8 @@ def orm_episodes(config, workdir: str, out: str) -> tuple[list, list, list, list
   decoys = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", **format_options(config)),
                           misses, os.path.join(out, "near_misses"), "scripted_expert:near_miss", gamma=data.GAMMA)
   judged = trajs + [t for t in decoys if data.usable(t)]
-  rng = np.random.default_rng(int(config.seed) + 2)
-  held = rng.random(len(judged)) < float(config.orm.val_fraction)
-  train = [t for t, h in zip(judged, held) if not h] + [t for t in _demos(workdir) if data.usable(t)]
-  val = [t for t, h in zip(judged, held) if h]
+  train, val = orm.split_held_out(judged, [t for t in _demos(workdir) if data.usable(t)],
+                                  float(config.orm.val_fraction), int(config.seed) + 2, config.orm.held_out)
   return trajs, decoys, train, val
 
 
@@ -240,11 +239,13 @@ def stage_orm(config, workdir, out):
           "train_positive": sum(t.success == 1.0 for t in train), "held_out": held_out}
 
 
-def train_orm(config, workdir: str, out: str, items: list[dict], val: Sequence[types.Trajectory]) -> dict:
-  """The ORM (`out/model`) fine-tuned from π_0 on `items` (after its warm-up); its agreement with the judge on
-  `val`."""
+def train_orm(config, workdir: str, out: str, items: list[dict], val: Sequence[types.Trajectory],
+              from_policy: bool = True) -> dict:
+  """The ORM (`out/model`) fine-tuned on `items` (after its warm-up) from π_0, or with `from_policy=False` from
+  `config.model.hf_checkpoint`'s weights (the original's ORM is a model of its own); its agreement with the judge
+  on `val`."""
   start = _warmup(config, config.orm, "", items, orm.cut_screen, os.path.join(out, "warmup"),
-                  init_from=os.path.join(workdir, "sft"), seed_offset=3)
+                  init_from=os.path.join(workdir, "sft") if from_policy else None, seed_offset=3)
   finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items, init_from=start)
   loaded = load_policy(os.path.join(out, "model"), mesh=inference_mesh(config))
   probs = orm.probabilities(loaded, val, **_scoring(config))

@@ -39,6 +39,30 @@ def near_misses(tasks: Sequence[types.Task], pool: Sequence[types.Task], seed: i
   return out
 
 
+HELD_OUT = ("task", "episode")
+
+
+def split_held_out(judged: Sequence[types.Trajectory], demos: Sequence[types.Trajectory], fraction: float,
+                   seed: int, by: str = "task") -> tuple[list[types.Trajectory], list[types.Trajectory]]:
+  """(train, held out) for the ORM. `by="task"`: `fraction` of the judged episodes' distinct intents are held
+  out with all their episodes, and the demonstrations of those intents leave train too, so every held-out text
+  asks about an intent the ORM never trained on (as WebRL's ORM is measured, on held-out tasks). `by="episode"`:
+  each judged episode is held out with probability `fraction`; a success's text then usually equals its task's
+  demonstration, which is in train. The demonstrations are never held out."""
+  if by not in HELD_OUT:
+    raise ValueError(f"config.orm.held_out={by!r}: choose one of {HELD_OUT}")
+  rng = np.random.default_rng(seed)
+  if by == "episode":
+    held = rng.random(len(judged)) < fraction
+    out = set()
+  else:
+    intents = sorted({t.task.intent for t in judged})
+    out = set(rng.permutation(intents)[:round(len(intents) * fraction)].tolist()) if intents else set()
+    held = np.array([t.task.intent in out for t in judged], bool)
+  train = [t for t, h in zip(judged, held) if not h] + [t for t in demos if t.task.intent not in out]
+  return train, [t for t, h in zip(judged, held) if h]
+
+
 def orm_text(traj: types.Trajectory) -> str:
   """The ORM's question about one episode (system prompt, then `rm_format`'s user text)."""
   last = traj.steps[-1].obs_text if traj.steps else ""

@@ -170,3 +170,38 @@ def test_near_misses_carry_a_siblings_solution_under_their_own_intent_and_evalua
     solved = m.oracle[0]["text"]
     assert solved != m.intent and solved.startswith("A")  # another task of the same template
   assert orm.near_misses(pool, pool, seed=0) == misses
+
+
+# ----------------------------------------------------------------------------------------- the held-out split
+
+
+def _episodes(intents, success=1.0):
+  return [_traj(intent=i, success=success) for i in intents]
+
+
+def test_split_by_task_holds_out_whole_intents_and_their_demonstrations():
+  judged = _episodes(["A", "A", "B", "C", "C", "D"]) + _episodes(["B", "D"], success=0.0)
+  demos = _episodes(["A", "B", "C", "D"])
+  train, val = orm.split_held_out(judged, demos, 0.5, seed=0, by="task")
+  held = {t.task.intent for t in val}
+  assert len(held) == 2  # round(4 intents × 0.5)
+  assert sorted(t.task.intent for t in val) == sorted(t.task.intent for t in judged if t.task.intent in held)
+  assert not held & {t.task.intent for t in train}  # no held-out intent is in train, demonstrations included
+  assert len(train) + len(val) == len(judged) + len(demos) - 2  # the two held-out intents' demonstrations dropped
+  assert orm.split_held_out(judged, demos, 0.5, seed=0, by="task") == (train, val)
+  assert {t.task.intent for t in orm.split_held_out(judged, demos, 0.5, seed=1, by="task")[1]} != held or \
+      {t.task.intent for t in orm.split_held_out(judged, demos, 0.5, seed=2, by="task")[1]} != held
+
+
+def test_split_by_episode_draws_each_episode_and_keeps_every_demonstration():
+  judged = _episodes(list("ABCDEFGHIJ"))
+  demos = _episodes(list("ABC"))
+  train, val = orm.split_held_out(judged, demos, 0.3, seed=5, by="episode")
+  held = np.random.default_rng(5).random(10) < 0.3  # the draw the recipe has always made
+  assert [t.task.intent for t in val] == [i for i, h in zip("ABCDEFGHIJ", held) if h]
+  assert train[-3:] == demos and len(train) == 10 - int(held.sum()) + 3
+
+
+def test_split_refuses_an_unknown_mode_naming_the_key():
+  with pytest.raises(ValueError, match="orm.held_out"):
+    orm.split_held_out([], [], 0.25, seed=0, by="intent")
