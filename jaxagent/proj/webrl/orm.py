@@ -57,7 +57,7 @@ def split_held_out(judged: Sequence[types.Trajectory], demos: Sequence[types.Tra
     out = set()
   else:
     intents = sorted({t.task.intent for t in judged})
-    out = set(rng.permutation(intents)[:round(len(intents) * fraction)].tolist()) if intents else set()
+    out = set(rng.permutation(intents)[:round(len(intents) * fraction)].tolist())
     held = np.array([t.task.intent in out for t in judged], bool)
   train = [t for t, h in zip(judged, held) if not h] + [t for t in demos if t.task.intent not in out]
   return train, [t for t, h in zip(judged, held) if h]
