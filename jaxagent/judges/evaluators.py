@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import httpx
 
+from jaxagent import local_http
 from jaxagent.types import ActionKind, Task, Trajectory, Verdict
 
 # fuzzy(intent, reference, prediction) -> score in [0, 1] (WebArena's llm_fuzzy_match)
@@ -206,9 +207,7 @@ def state_match(spec: dict[str, Any], state: dict) -> Verdict:
 
 
 def http_state(url: str, timeout: float = 10.0) -> dict:
-  r = httpx.get(url, timeout=timeout)
-  r.raise_for_status()
-  return r.json()
+  return local_http.get(url, timeout).json()
 
 
 # ------------------------------------------------------------------------------------------------- judge

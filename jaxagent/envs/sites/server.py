@@ -18,6 +18,7 @@ import uuid
 import httpx
 import uvicorn
 
+from jaxagent import local_http
 from jaxagent.envs.sites import app as app_lib
 from jaxagent.envs.sites.urls import PLACEHOLDER, check_site, resolve
 
@@ -141,8 +142,7 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
 def world_seed(base_url: str, timeout: float = 10.0) -> int:
   """The world seed a site server serves (its `/healthz` says `ok seed=N ...`); asked at every binding, since a
   port may be reused by a server of another world."""
-  r = httpx.get(f"{base_url.rstrip('/')}/healthz", timeout=timeout)
-  r.raise_for_status()
+  r = local_http.get(f"{base_url.rstrip('/')}/healthz", timeout)
   found = re.search(r"\bseed=(-?\d+)", r.text)
   if found is None:
     raise RuntimeError(f"{base_url}/healthz does not name its world seed: {r.text[:100]!r}")
@@ -150,9 +150,7 @@ def world_seed(base_url: str, timeout: float = 10.0) -> int:
 
 
 def fetch_state(base_url: str, session: str, timeout: float = 10.0) -> dict:
-  r = httpx.get(f"{base_url.rstrip('/')}/__state__/{session}", timeout=timeout)
-  r.raise_for_status()
-  return r.json()
+  return local_http.get(f"{base_url.rstrip('/')}/__state__/{session}", timeout).json()
 
 
 def reset_session(base_url: str, session: str, timeout: float = 10.0) -> None:
