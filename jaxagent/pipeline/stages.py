@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -63,6 +64,14 @@ def flatten(config) -> dict[str, Any]:
   return out
 
 
+def say(line: str) -> None:
+  """`line` and its newline to stdout in one write. Under `launch.local` (unbuffered output) `print` writes the
+  text and the newline apart, and a native library's log line (Gloo's, from another thread) can land between
+  them, so the line a reader (or a test) looks for is no longer a line."""
+  sys.stdout.write(line + "\n")
+  sys.stdout.flush()
+
+
 class Stages:
   """The stage runner of one recipe run: `summary = stages.run(name, fn)` calls `fn(stage_dir)` unless the
   stage is DONE, and returns its summary (a JSON-able dict) either way."""
@@ -83,13 +92,13 @@ class Stages:
   def run(self, name: str, fn: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     out = self.dir(name)
     if distributed.agree(self.is_done(name)):  # process 0's view, so that no process runs a stage alone
-      print(f"[{self.tag}] {name}: done already, skipped{self._drift(out)}", flush=True)
+      say(f"[{self.tag}] {name}: done already, skipped{self._drift(out)}")
       return read_json(os.path.join(out, DONE))
     os.makedirs(out, exist_ok=True)
     main = distributed.is_main()
     if self.config is not None and main:
       write_json(os.path.join(out, RUN_CONFIG), self.config)
-    print(f"[{self.tag}] {name} ...", flush=True)
+    say(f"[{self.tag}] {name} ...")
     t0 = time.monotonic()
     summary = fn(out)
     distributed.barrier(f"{self.tag}/{name}: ran")  # DONE only once every process's share is in
@@ -98,7 +107,7 @@ class Stages:
       write_json(self.timings_path, self.times)
       write_json(os.path.join(out, DONE), summary)
     distributed.barrier(f"{self.tag}/{name}: recorded")  # no process reads the marker before it is written
-    print(f"[{self.tag}] {name}: {json.dumps(summary)}", flush=True)
+    say(f"[{self.tag}] {name}: {json.dumps(summary)}")
     return summary
 
   def _drift(self, out: str) -> str:

@@ -151,8 +151,10 @@ def test_two_processes_report_the_same_results_and_write_each_marker_once(runs):
     assert _close(_read(os.path.join(two, stage, DONE), two), _read(os.path.join(one, stage, DONE), one)), stage
     for p in (0, 1):  # every process ran every stage once, none skipped one the other ran
       tag = "digirl/online" if stage.startswith("online/") else "digirl"
-      started = f"[p{p}] [{tag}] {stage.split('/')[-1]} ...\n"
-      assert lines.count(started) == 1, (stage, p)
+      started = f"[{tag}] {stage.split('/')[-1]} ..."
+      # within the process's lines, not as a whole line: a native log line of that process (Gloo's, written in
+      # more than one piece) can take ours into its own
+      assert sum(line.startswith(f"[p{p}] ") and started in line for line in lines) == 1, (stage, p)
   assert set(_read(os.path.join(two, "timings.json"))) == set(digirl.STAGES)
   leftovers = [os.path.join(d, f) for d, _, files in os.walk(two) for f in files if ".tmp" in f]
   assert not leftovers  # no half-written file of a process that lost a race

@@ -54,3 +54,20 @@ def test_the_time_table_adds_runners_in_subdirectories_but_not_those_inside_a_st
   total = float(table[-1].split()[1])
   assert abs(total - (sum(outer.times.values()) + sum(nested.values()))) < 0.11
   assert total >= 5.0
+
+def test_each_stage_line_is_written_whole_with_its_newline(tmp_path, monkeypatch):
+  """Under `launch.local` (unbuffered) a native log line can land between two writes of one line: every line
+  the runner says is one write, newline included."""
+  class Recorder:
+    def __init__(self):
+      self.writes = []
+    def write(self, text):
+      self.writes.append(text)
+      return len(text)
+    def flush(self):
+      pass
+  recorder = Recorder()
+  monkeypatch.setattr("sys.stdout", recorder)
+  Stages(str(tmp_path), "t").run("s", lambda out: {"n": 1})
+  Stages(str(tmp_path), "t").run("s", lambda out: {"n": 2})
+  assert recorder.writes == ["[t] s ...\n", '[t] s: {"n": 1}\n', "[t] s: done already, skipped\n"]
