@@ -55,6 +55,7 @@ def test_the_time_table_adds_runners_in_subdirectories_but_not_those_inside_a_st
   assert abs(total - (sum(outer.times.values()) + sum(nested.values()))) < 0.11
   assert total >= 5.0
 
+
 def test_each_stage_line_is_written_whole_with_its_newline(tmp_path, monkeypatch):
   """Under `launch.local` (unbuffered) a native log line can land between two writes of one line: every line
   the runner says is one write, newline included."""
