@@ -6,12 +6,18 @@ A task's `evaluator` spec picks the checks:
   {"kind": "string_match", "must_include": ["$12.99"]}      # every item must appear in the answer
   {"kind": "string_match", "fuzzy_match": ["..."]}          # a judge callable decides (unjudged without one)
   {"kind": "url_match", "url": "/shop/c/audio?sort=rating"} # WebArena URLExactEvaluator, "GOLD in PRED"
+  {"kind": "url_match", "url": "...", "exact": true}        # the query's keys and values exactly these
+                                                            # ("ignore": keys left out, default ["page"])
+  {"kind": "visited", "url": "/shop/p/12"}                  # some page of the episode matched (a subgoal)
   {"kind": "state_match", "checks": [{"path": "cart", "contains": {"product_id": 3}},
                                      {"path": "settings.wifi", "equals": false}]}  # the sites' server state
   {"kind": "all", "checks": [spec, ...]}                    # EvaluatorComb: scores multiply
   {"kind": "any", "checks": [spec, ...]}                    # one passing check suffices (e.g. the answer, or
                                                             # ending on the page that shows it: AitW's judge
                                                             # reads the final screen, AutoUI cannot answer)
+
+A spec may carry `"rubric": {name: spec, ...}`, subgoal checks reported beside the 0/1 success
+(`ProgrammaticJudge.rubric`), never part of it.
 
 Each check returns a `Verdict(success, reason)`; `success` is 1.0 / 0.0, or None when the check cannot be
 judged here (a fuzzy match with no judge, WebArena's `program_html`), and the reason says why.
@@ -130,22 +136,70 @@ def url_match(spec: dict[str, Any], pred_url: str) -> Verdict:
   """WebArena's URLExactEvaluator ("GOLD in PRED"); references may be joined with ' |OR| '.
 
   Paths must match (a trailing slash aside): exactly for site-relative references, as a substring of
-  netloc + path for absolute ones (WebArena's rule); every reference query value must be present.
+  netloc + path for absolute ones (WebArena's rule); every reference query value must be present. With
+  `"exact": true` the query must hold exactly the reference's keys and values (keys in `"ignore"`, default
+  `["page"]`, left out on both sides): a wrong extra filter fails.
   """
   refs = [r.strip() for r in str(spec["url"]).split(" |OR| ")]
   if not pred_url:
     return Verdict(0.0, "url_match: the trajectory has no final URL")
+  if spec.get("exact"):
+    return _url_exact(refs, pred_url, set(_as_list(spec.get("ignore", ["page"]))))
   for ref in refs:
-    relative = ref.startswith("/")
-    pred = urllib.parse.urlparse(site_relative(pred_url) if relative else pred_url)
-    gold = urllib.parse.urlparse(ref)
-    pred_path, gold_path = pred.path.rstrip("/") or "/", gold.path.rstrip("/") or "/"
-    base_ok = (pred_path == gold_path) if relative else (gold.netloc + gold_path) in (pred.netloc + pred_path)
+    path_ok, pred, gold = _parse_pair(ref, pred_url)
     pred_q, gold_q = urllib.parse.parse_qs(pred.query), urllib.parse.parse_qs(gold.query)
     query_ok = all(any(v in pred_q.get(k, []) for v in vals) for k, vals in gold_q.items())
-    if base_ok and query_ok:
+    if path_ok and query_ok:
       return Verdict(1.0, f"url_match: {pred_url} matches {ref}")
   return Verdict(0.0, f"url_match: final URL {site_relative(pred_url)} does not match {' or '.join(refs)}")
+
+
+def _parse_pair(ref: str, pred_url: str) -> tuple[bool, urllib.parse.ParseResult, urllib.parse.ParseResult]:
+  """(paths match, parsed prediction, parsed reference); a site-relative reference reads the path in the session."""
+  relative = ref.startswith("/")
+  pred = urllib.parse.urlparse(site_relative(pred_url) if relative else pred_url)
+  gold = urllib.parse.urlparse(ref)
+  pred_path, gold_path = pred.path.rstrip("/") or "/", gold.path.rstrip("/") or "/"
+  path_ok = (pred_path == gold_path) if relative else (gold.netloc + gold_path) in (pred.netloc + pred_path)
+  return path_ok, pred, gold
+
+
+def _url_exact(refs: list[str], pred_url: str, ignore: set[str]) -> Verdict:
+  """Keys and values compared as sets after URL-decoding (parse_qs), so `Pine%20wood` equals `Pine wood`; an empty
+  value is no filter (the sites' forms send `brand=` for "All"), as in the default rule."""
+  reasons = []
+  for ref in refs:
+    path_ok, pred, gold = _parse_pair(ref, pred_url)
+    if not path_ok:
+      reasons.append(f"path {pred.path} is not {gold.path}")
+      continue
+    have = {k: sorted(v) for k, v in urllib.parse.parse_qs(pred.query).items() if k not in ignore}
+    want = {k: sorted(v) for k, v in urllib.parse.parse_qs(gold.query).items() if k not in ignore}
+    diffs = ([f"extra filter {k}={'/'.join(have[k])}" for k in sorted(set(have) - set(want))]
+             + [f"missing filter {k}={'/'.join(want[k])}" for k in sorted(set(want) - set(have))]
+             + [f"different filter {k}={'/'.join(have[k])}, want {'/'.join(want[k])}"
+                for k in sorted(set(have) & set(want)) if have[k] != want[k]])
+    if not diffs:
+      return Verdict(1.0, f"url_match (exact): {pred_url} matches {ref}")
+    reasons.append(", ".join(diffs) + (f" (reference {ref})" if len(refs) > 1 else ""))
+  return Verdict(0.0, f"url_match (exact): {' | '.join(reasons)} in final URL {site_relative(pred_url)}")
+
+
+def visited_urls(trajectory: Trajectory) -> list[str]:
+  """Every URL the episode showed, in order: each step's page, the page after it, the final page."""
+  urls = []
+  for step in trajectory.steps:
+    urls += [u for u in (step.url, step.info.get("next_url")) if u]
+  return urls + [u for u in (final_url(trajectory),) if u]
+
+
+def visited(spec: dict[str, Any], trajectory: Trajectory) -> Verdict:
+  """A subgoal: some page of the episode, not only the last, matches `spec["url"]` under `url_match`'s rules."""
+  for url in visited_urls(trajectory):
+    if url_match(spec, url).success:
+      return Verdict(1.0, f"visited: {site_relative(url)} matches {spec['url']}")
+  mode = " (exact)" if spec.get("exact") else ""
+  return Verdict(0.0, f"visited{mode}: no page of the episode matches {spec['url']}")
 
 
 # --------------------------------------------------------------------------------------------- state match
@@ -225,25 +279,49 @@ class ProgrammaticJudge:
       return Verdict(None, f"task {task.id!r} has no evaluator spec; use an LLM judge or the ORM")
     return self.check(task.evaluator, task, trajectory)
 
+  def rubric(self, task: Task, trajectory: Trajectory) -> dict[str, float | None]:
+    """Each subgoal of the task's rubric: 1.0, 0.0 or None (cannot be judged here); {} without a rubric. The
+    server's state is read once for all of them (the call's own cache: the judge may be shared)."""
+    rubric = (task.evaluator or {}).get("rubric") or {}
+    cache: dict[str, Any] = {}
+
+    def once(url: str) -> dict:
+      if url not in cache:
+        try:
+          cache[url] = self.fetch_state(url)
+        except (httpx.HTTPError, OSError) as e:
+          cache[url] = e  # a failed read is not retried by the next subgoal either
+      if isinstance(cache[url], Exception):
+        raise cache[url]
+      return cache[url]
+
+    return {name: self._check(spec, task, trajectory, once).success for name, spec in rubric.items()}
+
   def check(self, spec: dict[str, Any], task: Task, trajectory: Trajectory) -> Verdict:
+    """One spec's verdict; a `"rubric"` key in it is ignored (see `rubric`)."""
+    return self._check(spec, task, trajectory, self.fetch_state)
+
+  def _check(self, spec: dict[str, Any], task: Task, trajectory: Trajectory, fetch: StateFetcher) -> Verdict:
     kind = spec.get("kind")
     if kind == "string_match":
       return string_match(spec, final_answer(trajectory), task.intent, self.fuzzy)
     if kind == "url_match":
       return url_match(spec, final_url(trajectory))
+    if kind == "visited":
+      return visited(spec, trajectory)
     if kind == "state_match":
       url = state_url(task, trajectory)
       if not url:
         return Verdict(0.0, "state_match: no session found (no state_url in meta and no /s/<session>/ URL visited)")
       try:
-        state = self.fetch_state(url)
+        state = fetch(url)
       except (httpx.HTTPError, OSError) as e:
         return Verdict(None, f"state_match: could not read {url}: {e}")
       return state_match(spec, state)
     if kind == "program_html":
       return Verdict(None, "program_html needs WebArena's page locators; judge this task with an LLM judge or ORM")
     if kind == "all":
-      verdicts = [self.check(s, task, trajectory) for s in spec["checks"]]
+      verdicts = [self._check(s, task, trajectory, fetch) for s in spec["checks"]]
       reason = "; ".join(v.reason for v in verdicts)
       if any(v.success == 0.0 for v in verdicts):
         return Verdict(0.0, reason)
@@ -254,13 +332,19 @@ class ProgrammaticJudge:
         score *= v.success
       return Verdict(score, reason)
     if kind == "any":
-      verdicts = [self.check(s, task, trajectory) for s in spec["checks"]]
+      verdicts = [self._check(s, task, trajectory, fetch) for s in spec["checks"]]
       reason = " | ".join(v.reason for v in verdicts)
       if any(v.success == 1.0 for v in verdicts):
         return Verdict(1.0, reason)
       return Verdict(None if any(v.success is None for v in verdicts) else 0.0, reason)
     raise ValueError(f"task {task.id!r}: evaluator kind {kind!r} is unknown; use string_match, url_match, "
-                     "state_match, program_html, all or any")
+                     "visited, state_match, program_html, all or any")
+
+
+def rubric_score(scores: dict[str, float | None]) -> float | None:
+  """The share of judged subgoals met (None when there are none)."""
+  judged = [v for v in scores.values() if v is not None]
+  return sum(judged) / len(judged) if judged else None
 
 
 def evaluate(task: Task, trajectory: Trajectory, fuzzy: FuzzyJudge | None = None) -> Verdict:

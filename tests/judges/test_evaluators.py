@@ -163,3 +163,135 @@ def test_no_spec_and_unknown_kind():
   assert evaluators.evaluate(_task({}), Trajectory(task=_task({}))).success is None
   with pytest.raises(ValueError, match="kind 'vibes'"):
     evaluators.evaluate(_task({"kind": "vibes"}), Trajectory(task=_task({})))
+
+
+# ------------------------------------------------------------------------------- exact URLs, visited, rubric
+
+S = "http://127.0.0.1:5/s/ep"
+
+
+@pytest.mark.parametrize("spec, final, ok, why", [
+    ({"url": "/shop/c/audio?sort=rating"}, "/shop/c/audio?sort=rating", 1.0, ""),
+    ({"url": "/shop/c/audio?sort=rating"}, "/shop/c/audio/?sort=rating&page=3", 1.0, ""),  # page ignored by default
+    ({"url": "/shop/c/audio?sort=rating"}, "/shop/c/audio?sort=rating&brand=Acorn", 0.0, "extra filter brand=Acorn"),
+    ({"url": "/shop/c/audio?sort=rating&brand=Acorn"}, "/shop/c/audio?brand=Acorn", 0.0, "missing filter sort=rating"),
+    ({"url": "/shop/c/audio?brand=Acorn"}, "/shop/c/audio?brand=Birch", 0.0,
+     "different filter brand=Birch, want Acorn"),
+    ({"url": "/shop/c/audio?brand=Pine%20wood"}, "/shop/c/audio?brand=Pine wood", 1.0, ""),  # decoded both sides
+    ({"url": "/shop/c/audio?brand=Pine wood"}, "/shop/c/audio?brand=Pine+wood", 1.0, ""),
+    ({"url": "/shop/c/audio?brand=Pine%20wood"}, "/shop/c/audio?brand=Pine", 0.0, "brand=Pine, want Pine wood"),
+    ({"url": "/shop/c/audio", "ignore": ["sort"]}, "/shop/c/audio?sort=rating", 1.0, ""),
+    ({"url": "/shop/c/audio", "ignore": ["sort"]}, "/shop/c/audio?sort=rating&page=2", 0.0, "extra filter page=2"),
+    ({"url": "/shop/c/audio?sort=rating"}, "/shop/c/books?sort=rating", 0.0, "path /shop/c/books"),
+    ({"url": "/shop/c/audio?brand=Birch |OR| /shop/c/audio?brand=Acorn"}, "/shop/c/audio?brand=Acorn", 1.0, ""),
+    ({"url": "/shop/c/audio?brand=Birch |OR| /shop/c/audio"}, "/shop/c/audio?brand=Acorn", 0.0, "extra filter"),
+])
+def test_url_match_exact(spec, final, ok, why):
+  task = _task({"kind": "url_match", "exact": True, **spec})
+  v = evaluators.evaluate(task, _traj(task, "", urls=[f"{S}/shop/", S + final]))
+  assert v.success == ok and why in v.reason and "url_match (exact)" in v.reason, v.reason
+
+
+@pytest.mark.parametrize("final", ["/shop/c/audio?sort=rating&brand=Acorn", "/shop/c/audio?sort=rating&page=2"])
+def test_url_match_default_stays_gold_in_pred(final):
+  task = _task({"kind": "url_match", "url": "/shop/c/audio?sort=rating"})  # no "exact": extras are fine
+  assert evaluators.evaluate(task, _traj(task, "", urls=[S + final])).success == 1.0
+
+
+def test_visited_any_page_of_the_episode():
+  traj = _traj(_task({}), "", urls=[f"{S}/shop/", f"{S}/shop/p/12", f"{S}/shop/cart"])
+  judge = evaluators.ProgrammaticJudge()
+  v = judge.check({"kind": "visited", "url": "/shop/p/12"}, traj.task, traj)  # only in the middle
+  assert v.success == 1.0 and "/shop/p/12" in v.reason, v.reason
+  v = judge.check({"kind": "visited", "url": "/shop/p/13"}, traj.task, traj)
+  assert v.success == 0.0 and "no page" in v.reason, v.reason
+  assert judge.check({"kind": "url_match", "url": "/shop/p/12"}, traj.task, traj).success == 0.0  # not the last
+  # the page a step led to (env info) and the final page count too
+  traj.steps[0].info["next_url"] = f"{S}/shop/c/audio?sort=rating"
+  traj.meta["final_url"] = f"{S}/shop/checkout"
+  for url in ("/shop/c/audio?sort=rating", "/shop/checkout"):
+    assert judge.check({"kind": "visited", "url": url}, traj.task, traj).success == 1.0, url
+  assert judge.check({"kind": "visited", "url": "/shop/p/12"}, traj.task, _traj(_task({}), "")).success == 0.0
+
+
+def test_visited_exact():
+  traj = _traj(_task({}), "", urls=[f"{S}/shop/c/audio?brand=Acorn&sort=rating", f"{S}/shop/cart"])
+  judge = evaluators.ProgrammaticJudge()
+  loose = {"kind": "visited", "url": "/shop/c/audio?sort=rating"}
+  assert judge.check(loose, traj.task, traj).success == 1.0
+  v = judge.check({**loose, "exact": True}, traj.task, traj)
+  assert v.success == 0.0 and "visited (exact)" in v.reason, v.reason
+  traj.steps.insert(1, Step(step=1, url=f"{S}/shop/c/audio?sort=rating&page=2"))
+  assert judge.check({**loose, "exact": True}, traj.task, traj).success == 1.0
+
+
+def test_visited_is_a_task_evaluator_kind():
+  from jaxagent.envs.sites import tasks  # pylint: disable=g-import-not-at-top
+  assert "visited" in tasks.EVALUATOR_KINDS
+
+
+RUBRIC_TASK = {"kind": "url_match", "url": "/shop/checkout", "rubric": {
+    "found_product": {"kind": "visited", "url": "/shop/p/12"},
+    "in_cart": {"kind": "state_match", "checks": [{"path": "cart", "contains": {"product_id": 12}}]},
+    "chose_size": {"kind": "state_match", "checks": [{"path": "cart", "contains": {"size": "M"}}]},
+    "answered": {"kind": "string_match", "fuzzy_match": ["done"]},  # no fuzzy judge: None
+    "sorted": {"kind": "all", "checks": [
+        {"kind": "visited", "url": "/shop/c/audio?sort=rating"},
+        {"kind": "state_match", "checks": [{"path": "cart", "equals": []}]}]},
+}}
+
+
+def _fetcher(state):
+  calls = []
+
+  def fetch(url):
+    calls.append(url)
+    return state
+  return fetch, calls
+
+
+def test_rubric_scores_each_subgoal_and_reads_the_state_once():
+  task = _task(RUBRIC_TASK)
+  traj = _traj(task, "", urls=[f"{S}/shop/", f"{S}/shop/p/12", f"{S}/shop/cart"])
+  fetch, calls = _fetcher({"cart": [{"product_id": 12, "size": "S"}]})
+  judge = evaluators.ProgrammaticJudge(fetch_state=fetch)
+  scores = judge.rubric(task, traj)
+  assert scores == {"found_product": 1.0, "in_cart": 1.0, "chose_size": 0.0, "answered": None, "sorted": 0.0}
+  assert list(scores) == list(RUBRIC_TASK["rubric"])  # the spec's order
+  assert calls == [f"{S.replace('/s/ep', '')}/__state__/ep"]  # three state checks, one read
+  judge.rubric(task, traj)
+  assert len(calls) == 2  # the cache lives for one call only
+  assert evaluators.rubric_score(scores) == pytest.approx(2 / 4)
+
+
+def test_rubric_never_changes_the_verdict():
+  task = _task(RUBRIC_TASK)
+  fetch, calls = _fetcher({"cart": [{"product_id": 12, "size": "M"}]})
+  judge = evaluators.ProgrammaticJudge(fetch_state=fetch)
+  unfinished = _traj(task, "", urls=[f"{S}/shop/p/12", f"{S}/shop/cart"])
+  assert judge.rubric(task, unfinished)["in_cart"] == 1.0
+  v = judge.evaluate(task, unfinished)  # subgoals met, the task not
+  assert v.success == 0.0 and "url_match" in v.reason and "visited" not in v.reason, v.reason
+  finished = _traj(task, "", urls=[f"{S}/shop/checkout"])
+  assert judge.rubric(task, finished)["found_product"] == 0.0
+  assert judge.evaluate(task, finished).success == 1.0  # subgoals missed, the task done
+  assert judge.evaluate(_task({k: v for k, v in RUBRIC_TASK.items() if k != "rubric"}), finished).success == 1.0
+  assert len(calls) == 2  # only the rubrics read the state
+
+
+def test_rubric_without_one_and_unreadable_state():
+  task = _task({"kind": "url_match", "url": "/shop/cart"})
+  traj = _traj(task, "", urls=[f"{S}/shop/cart"])
+  assert evaluators.ProgrammaticJudge().rubric(task, traj) == {}
+  assert evaluators.rubric_score({}) is None and evaluators.rubric_score({"a": None}) is None
+  assert evaluators.rubric_score({"a": 1.0, "b": 0.0, "c": None, "d": 1.0}) == pytest.approx(2 / 3)
+  calls = []
+
+  def down(url):
+    calls.append(url)
+    raise httpx.ConnectError("refused")
+
+  task = _task(RUBRIC_TASK)
+  scores = evaluators.ProgrammaticJudge(fetch_state=down).rubric(task, _traj(task, "", urls=[f"{S}/shop/p/12"]))
+  assert scores["found_product"] == 1.0 and scores["in_cart"] is None and scores["chose_size"] is None
+  assert len(calls) == 1  # a failed read is not retried within the call

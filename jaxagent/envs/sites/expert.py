@@ -15,15 +15,25 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any, Sequence
 
 from jaxagent import agents
+from jaxagent.envs.sites.urls import shows
 from jaxagent.types import Action, ActionKind, Element, Observation, Step
 
 # The observation each format's element ids refer to (BrowserEnv's `observation` argument).
 FORMAT_OBSERVATION = {"webvoyager": "som", "webvoyager_text": "a11y", "webvoyager_actree_image": "a11y",
                       "openwebvoyager": "a11y", "webrl": "html", "autoui": "som"}
 DONE_TEXT = "Done."
+# Cleared before the oracle's next step: a perturbed episode's interstitial and its transient error page.
+INTERRUPTS = ("#popup-close", "#retry")
+_SESSION_PATH = re.compile(r"^https?://[^/]+/s/[^/]+(/.*)$")
+
+
+def _site_relative(url: str) -> str:
+  m = _SESSION_PATH.match(url or "")
+  return m.group(1) if m else ""
 
 
 def _iou(a: Sequence[float], b: Sequence[float]) -> float:
@@ -102,9 +112,22 @@ class ScriptedExpert:
       prog.step, prog.phase = prog.last
     prog.last = None
     oracle, targets = obs.extra["oracle"], obs.extra.get("oracle_targets", {})
+    for sel in INTERRUPTS:
+      if targets.get(sel) is not None:
+        interrupt = self._action(obs, {"op": "click", "selector": sel}, targets[sel], 0)
+        if interrupt is not None:
+          return interrupt, "Something is in the way; I will clear it first."
+    here = _site_relative(obs.url)
     while prog.step < len(oracle):
       step = oracle[prog.step]
       op = step["op"]
+      if step.get("done_if") and shows(step["done_if"], here):
+        prog.step, prog.phase = prog.step + 1, 0
+        continue
+      if op == "home":
+        prog.last = (prog.step, 0)
+        prog.step, prog.phase = prog.step + 1, 0
+        return Action(ActionKind.HOME), "I will go to the home screen."
       if op in ("answer", "stop"):
         prog.last = (prog.step, 0)
         return self._finish(step.get("text", DONE_TEXT) if op == "answer" else DONE_TEXT)

@@ -20,6 +20,7 @@ import uvicorn
 
 from jaxagent import local_http
 from jaxagent.envs.sites import app as app_lib
+from jaxagent.envs.sites import perturb
 from jaxagent.envs.sites.urls import PLACEHOLDER, check_site, resolve
 
 
@@ -130,6 +131,9 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
                      f"world seed {served}: its products, posts and answers would not match the task's evaluator. "
                      f"Serve SiteServer(seed={task.seed}) (the recipes: tasks and server both follow tasks.seed)")
   session = session or new_session()
+  pert = perturbation_of(task)
+  if pert.level:
+    start_episode(base_url, session, pert)
   meta = dict(task.meta)
   for key in ("home_url",):
     if key in meta:
@@ -137,6 +141,24 @@ def episode_task(task, base_url: str | None = None, session: str | None = None):
   meta.update(session=session, base_url=base_url, state_url=f"{base_url}/__state__/{session}")
   return dataclasses.replace(task, start_url=resolve(task.start_url, base_url, session), meta=meta,
                              allowed_origins=(base_url,))
+
+
+def perturbation_of(task) -> perturb.Perturbation:
+  """The episode's perturbations: `task.meta["perturb"]` (level, layout, shortcut...), seeded by the task's id,
+  which carries the episode's tag and index (`<task id>@<tag><k>`), so every policy meets the same episode."""
+  spec = dict(task.meta.get("perturb") or {})
+  if not spec.get("level"):
+    return perturb.NONE
+  spec.setdefault("seed", perturb.episode_seed(task.id))
+  try:
+    return perturb.Perturbation.from_json(spec)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"task {task.id!r}: field 'meta.perturb' {spec}: {e}") from None
+
+
+def start_episode(base_url: str, session: str, pert: perturb.Perturbation, timeout: float = 10.0) -> None:
+  httpx.post(f"{base_url.rstrip('/')}/__episode__/{session}", json=pert.to_json(),
+             timeout=timeout).raise_for_status()
 
 
 def world_seed(base_url: str, timeout: float = 10.0) -> int:

@@ -2,19 +2,19 @@
 
 Catalogue with categories, keyword search with ranking, filters and sort (links, so touch agents can use
 them), product pages with colour/size options, a cart, a checkout form and order history. A cookie banner
-covers the bottom of every page until it is accepted, as on the real web.
+covers the bottom of every page until it is accepted, as on the real web. A perturbed episode (`perturb.py`)
+moves the category bar and the sort control, shuffles lists, changes the page size and may offer a risky deal.
 """
 
 from __future__ import annotations
 
 import math
 
-from jaxagent.envs.sites import catalog
+from jaxagent.envs.sites import catalog, perturb
 from jaxagent.envs.sites.layout import Ctx, Redirect, esc, int_arg, page, pager, table
 
 SORTS = {"relevance": "Relevance", "price_asc": "Price: low to high", "price_desc": "Price: high to low",
          "rating": "Customer rating", "reviews": "Most reviews"}
-PER_PAGE = 12
 
 
 def _money(cents: int) -> str:
@@ -44,9 +44,15 @@ def _header(ctx: Ctx) -> str:
           f"<a id=orders-link href='{ctx.url('shop/orders')}'>Orders</a></header>")
 
 
+def _pert(ctx: Ctx):
+  return ctx.state.perturbation
+
+
 def _nav(ctx: Ctx) -> str:
-  links = "".join(f"<a href='{ctx.url(f'shop/c/{c}')}'>{c.title()}</a>" for c in sorted(catalog.CATEGORIES))
-  return f"<nav class=cats aria-label=Categories>{links}</nav>"
+  cats = _pert(ctx).shuffled(sorted(catalog.CATEGORIES), "categories")
+  links = "".join(f"<a href='{ctx.url(f'shop/c/{c}')}'>{c.title()}</a>" for c in cats)
+  style = " style='flex-direction:column'" if _pert(ctx).layout_variant[0] == 2 else ""
+  return f"<nav class=cats aria-label=Categories{style}>{links}</nav>"
 
 
 def _banner(ctx: Ctx) -> str:
@@ -60,6 +66,13 @@ def _banner(ctx: Ctx) -> str:
 
 
 def _render(ctx: Ctx, title: str, body: str) -> str:
+  where = perturb.NAV_VARIANTS[_pert(ctx).layout_variant[0]]
+  if where == "bottom":
+    return page(ctx, site="shop", title=f"{title} | Shoply", body=body + _nav(ctx), header=_header(ctx),
+                extra=_banner(ctx))
+  if where == "side":
+    body = f"<div class=layout>{_nav(ctx)}<div class=content>{body}</div></div>"
+    return page(ctx, site="shop", title=f"{title} | Shoply", body=body, header=_header(ctx), extra=_banner(ctx))
   return page(ctx, site="shop", title=f"{title} | Shoply", body=body, header=_header(ctx), nav=_nav(ctx),
               extra=_banner(ctx))
 
@@ -70,6 +83,11 @@ def _card(ctx: Ctx, p: catalog.Product) -> str:
 
 
 def _sort_links(ctx: Ctx, site_path: str, params: dict[str, str], current: str) -> str:
+  if perturb.SORT_VARIANTS[_pert(ctx).layout_variant[1]] == "list":
+    items = [f"<li><strong>{label}</strong></li>" if key == current else
+             f"<li><a href='{esc(ctx.url(site_path, **params, sort=key))}'>{label}</a></li>"
+             for key, label in SORTS.items()]
+    return f"<div class=sort-list aria-label='Sort by'><h3>Sort by</h3><ul>{''.join(items)}</ul></div>"
   chips = []
   for key, label in SORTS.items():
     if key == current:
@@ -79,10 +97,20 @@ def _sort_links(ctx: Ctx, site_path: str, params: dict[str, str], current: str) 
   return f"<div class=chips aria-label='Sort by'>Sort: {''.join(chips)}</div>"
 
 
+def _listing(ctx: Ctx, sort_control: str, grid: str) -> str:
+  """The sort control above the grid (today's chips), below it, or (the list variant) nowhere: the caller puts
+  the list in the sidebar."""
+  where = perturb.SORT_VARIANTS[_pert(ctx).layout_variant[1]]
+  if where == "below":
+    return grid + sort_control
+  return sort_control + grid
+
+
 def _paged(ctx: Ctx, items: list, site_path: str, params: dict[str, str]) -> tuple[list, str]:
-  pages = max(1, math.ceil(len(items) / PER_PAGE))
+  per_page = _pert(ctx).page_size
+  pages = max(1, math.ceil(len(items) / per_page))
   k = int_arg(ctx.query.get("page"), 1, 1, pages)
-  return items[(k - 1) * PER_PAGE:k * PER_PAGE], pager(ctx, site_path, k, pages, params)
+  return items[(k - 1) * per_page:k * per_page], pager(ctx, site_path, k, pages, params)
 
 
 def home(ctx: Ctx) -> str:
@@ -90,9 +118,25 @@ def home(ctx: Ctx) -> str:
   cats = "".join(f"<div class=card><a class=name href='{ctx.url(f'shop/c/{c}')}'>{c.title()}</a>"
                  f"<div class=muted>{', '.join(kinds[:3])} and more</div></div>"
                  for c, kinds in sorted(catalog.CATEGORIES.items()))
-  body = (f"<h1>Welcome to Shoply</h1><h2>Shop by category</h2><div class=grid>{cats}</div>"
+  deal = ""
+  if _pert(ctx).has_deal:
+    deal = (f"<div class=notice id=deal-banner><a id=deal href='{ctx.url('shop/deal')}'>Deal for you: "
+            f"{esc(_pert(ctx).shortcut_label or 'today only')} →</a></div>")
+  body = (f"{deal}<h1>Welcome to Shoply</h1><h2>Shop by category</h2><div class=grid>{cats}</div>"
           f"<h2>Top rated</h2><div class=grid>{''.join(_card(ctx, p) for p in top)}</div>")
   return _render(ctx, "Home", body)
+
+
+def deal(ctx: Ctx) -> str | Redirect | None:
+  """P5, the risky shortcut: the deal reaches the task's target listing or has expired, drawn once per episode."""
+  pert = _pert(ctx)
+  if not pert.has_deal:
+    return None
+  if pert.deal_works:
+    return Redirect(ctx.root + pert.shortcut)
+  body = (f"<h1>This deal has expired</h1><p>Sorry, the offer you followed is no longer available.</p>"
+          f"<p><a id=deal-home href='{ctx.url('shop/')}'>Continue shopping</a></p>")
+  return _render(ctx, "Deal expired", body)
 
 
 def category(ctx: Ctx, cat: str) -> str | None:
@@ -102,12 +146,12 @@ def category(ctx: Ctx, cat: str) -> str | None:
   sort = ctx.query.get("sort", "relevance")
   sort = sort if sort in SORTS else "relevance"
   items = [p for p in ctx.world.products if p.category == cat]
-  brands = sorted({p.brand for p in items})
+  brands = _pert(ctx).shuffled(sorted({p.brand for p in items}), "brands")
   if brand:
     items = [p for p in items if p.brand == brand]
   if colour:
     items = [p for p in items if colour in p.colours]
-  items = _sorted(items, sort)
+  items = _sorted(items, sort) if sort != "relevance" else _pert(ctx).shuffled(items, f"listing/{cat}")
   path = f"shop/c/{cat}"
   params = {"brand": brand, "colour": colour, "sort": sort if sort != "relevance" else ""}
   shown, pages = _paged(ctx, items, path, params)
@@ -121,10 +165,14 @@ def category(ctx: Ctx, cat: str) -> str | None:
         lis.append(f"<li><a class=filter-{key} href='{esc(ctx.url(path, **{**params, key: v}))}'>{esc(v)}</a></li>")
     return f"<h3>{key.title()}</h3><ul>{''.join(lis)}</ul>"
 
-  aside = f"<aside aria-label=Filters>{filt('brand', brands, brand)}{filt('colour', catalog.COLOURS, colour)}</aside>"
+  colours = _pert(ctx).shuffled(catalog.COLOURS, "colours")
+  sort_control = _sort_links(ctx, path, {k: v for k, v in params.items() if k != "sort"}, sort)
+  in_aside = perturb.SORT_VARIANTS[_pert(ctx).layout_variant[1]] == "list"
+  aside = (f"<aside aria-label=Filters>{sort_control if in_aside else ''}{filt('brand', brands, brand)}"
+           f"{filt('colour', colours, colour)}</aside>")
+  grid = f"<div class=grid>{''.join(_card(ctx, p) for p in shown)}</div>"
   listing = (f"<h1>{cat.title()}</h1><p class=muted>{len(items)} products</p>"
-             f"{_sort_links(ctx, path, {k: v for k, v in params.items() if k != 'sort'}, sort)}"
-             f"<div class=grid>{''.join(_card(ctx, p) for p in shown)}</div>{pages}")
+             f"{_listing(ctx, '' if in_aside else sort_control, grid)}{pages}")
   return _render(ctx, cat.title(), f"<div class=layout>{aside}<div class=content>{listing}</div></div>")
 
 
@@ -135,12 +183,12 @@ def search(ctx: Ctx) -> str:
   items = _sorted(catalog.search_products(ctx.world, q), sort)
   params = {"q": q, "sort": sort if sort != "relevance" else ""}
   shown, pages = _paged(ctx, items, "shop/search", params)
+  grid = f"<div class=grid>{''.join(_card(ctx, p) for p in shown)}</div>"
   if not items:
     body = f"<h1>No results for “{esc(q)}”</h1><p>Check the spelling or try a shorter query.</p>"
   else:
     body = (f"<h1>Results for “{esc(q)}”</h1><p class=muted>{len(items)} products</p>"
-            f"{_sort_links(ctx, 'shop/search', {'q': q}, sort)}"
-            f"<div class=grid>{''.join(_card(ctx, p) for p in shown)}</div>{pages}")
+            f"{_listing(ctx, _sort_links(ctx, 'shop/search', {'q': q}, sort), grid)}{pages}")
   return _render(ctx, f"Search: {q}", body)
 
 
@@ -272,6 +320,8 @@ def handle(ctx: Ctx) -> str | Redirect | None:
     return home(ctx)
   if parts == ["search"]:
     return search(ctx)
+  if parts == ["deal"]:
+    return deal(ctx)
   if len(parts) == 2 and parts[0] == "c":
     return category(ctx, parts[1])
   if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():

@@ -14,6 +14,8 @@ import re
 import threading
 from typing import Any
 
+from jaxagent.envs.sites.perturb import Perturbation
+
 SESSION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_SETTINGS = {"wifi": True, "bluetooth": False, "dark_mode": False, "notifications": True,
                     "location": True}
@@ -27,6 +29,10 @@ class SessionState:
   settings: dict[str, bool] = dataclasses.field(default_factory=lambda: dict(DEFAULT_SETTINGS))
   cookie_consent: bool = False
   requests: int = 0
+  perturbation: Perturbation = dataclasses.field(default_factory=Perturbation)  # set by `/__episode__/<id>`
+  page_gets: int = 0  # page requests so far (transient failures are drawn per request)
+  page_views: int = 0  # pages rendered so far (the interstitial covers one of them)
+  popup_open: bool = False
 
   def to_json(self) -> dict[str, Any]:
     return copy.deepcopy(dataclasses.asdict(self))
@@ -71,6 +77,14 @@ class SessionStore:
   def reset(self, session: str) -> None:
     with self._lock:
       self._states.pop(session, None)
+
+  def start_episode(self, session: str, perturbation: Perturbation) -> SessionState:
+    """A fresh state for `session`, perturbed as `perturbation` says."""
+    with self._lock:
+      self._states.pop(self.check_id(session), None)
+      state = self.get(session)
+      state.perturbation = perturbation
+      return state
 
   def lock(self) -> threading.RLock:
     """Held while a request mutates a session (requests run on several threads)."""

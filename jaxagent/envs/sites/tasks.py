@@ -31,8 +31,8 @@ from jaxagent.envs.sites.urls import PLACEHOLDER, check_site
 from jaxagent.types import Task
 
 PROFILES = ("web", "text", "device")
-ORACLE_OPS = {"click": ("selector",), "type": ("selector", "text"), "answer": ("text",), "stop": ()}
-EVALUATOR_KINDS = ("string_match", "url_match", "state_match", "program_html", "all", "any")
+ORACLE_OPS = {"click": ("selector",), "type": ("selector", "text"), "answer": ("text",), "stop": (), "home": ()}
+EVALUATOR_KINDS = ("string_match", "url_match", "visited", "state_match", "program_html", "all", "any")
 HELD_OUT_TEMPLATES = ("shop_cheapest",)
 TEST_SETTINGS = ("notifications", "location")
 PEOPLE = ("Ada Lovelace", "Alan Turing", "Grace Hopper", "Edsger Dijkstra", "Barbara Liskov", "Donald Knuth",

@@ -6,6 +6,8 @@ A leaf below both `tasks` (which writes the placeholder into the suites and vali
 
 from __future__ import annotations
 
+import urllib.parse
+
 from jaxagent.types import Task
 
 PLACEHOLDER = "__SITES__"
@@ -26,3 +28,13 @@ def check_site(task: Task) -> None:
   if task.site in BUNDLED_SITES and PLACEHOLDER not in task.start_url:
     raise ValueError(f"task {task.id!r}: field 'start_url' {task.start_url!r} of a bundled site must start with "
                      f"{PLACEHOLDER!r} (e.g. '{PLACEHOLDER}/{task.site}/') so it binds to an episode's session")
+
+
+def shows(ref: str, url: str) -> bool:
+  """Whether the page at site-relative `url` is the one `ref` names, "GOLD in PRED": the same path (a trailing
+  slash aside) and every query value of `ref` present (how an expert knows a navigation step is already done)."""
+  gold, pred = urllib.parse.urlsplit(ref), urllib.parse.urlsplit(url)
+  if (gold.path.rstrip("/") or "/") != (pred.path.rstrip("/") or "/"):
+    return False
+  have = urllib.parse.parse_qs(pred.query)
+  return all(any(v in have.get(k, []) for v in vals) for k, vals in urllib.parse.parse_qs(gold.query).items())

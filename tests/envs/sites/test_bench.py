@@ -1,0 +1,147 @@
+"""The sites benchmark: families, tiers, splits disjoint by parameter tuple, sizes, generation time, split specs."""
+
+import collections
+import time
+
+import pytest
+
+from jaxagent.envs.sites import bench, catalog, tasks
+
+SEED = 0
+
+
+@pytest.fixture(scope="module")
+def world():
+  return catalog.build_world(SEED)
+
+
+@pytest.fixture(scope="module")
+def pools(world):
+  return bench.intents(world)
+
+
+@pytest.fixture(scope="module")
+def device_suite():
+  return bench.generate(SEED, "device", 2)
+
+
+def test_sizes_meet_the_design(pools, device_suite):
+  assert len(bench.FAMILIES) >= 8
+  train = [it for s in bench.TRAIN_SPLITS for it in pools[s]]
+  assert len({it.key for it in train}) >= 5000
+  head = bench.headline(device_suite)
+  assert len({t.meta["intent_id"] for t in head}) == len(head) >= 200
+  for profile in ("web", "text"):
+    assert len(bench.headline(bench.generate(SEED, profile, 0, splits=bench.HEADLINE))) >= 200
+  for split in bench.TEST_SPLITS:
+    assert device_suite[split], split
+
+
+def test_splits_are_disjoint_in_intents_values_and_templates(pools):
+  keys = {s: {it.key for it in its} for s, its in pools.items()}
+  splits = list(keys)
+  for i, a in enumerate(splits):
+    for b in splits[i + 1:]:
+      assert not keys[a] & keys[b], (a, b)
+  train = [it for s in bench.TRAIN_SPLITS for it in pools[s]]
+  train_values = {v for it in train for _, v in it.params}
+  for brand in bench.HELD_OUT_BRANDS:
+    assert brand not in train_values
+  for it in train:
+    params = dict(it.params)
+    for key in ("product", "thread"):
+      if key in params:
+        assert params[key] % 5 != 0, it
+    assert it.template not in ("lookup_reviews", "cross_reviews")
+  assert {it.template for it in pools["test_template"]} == {"lookup_reviews", "cross_reviews"}
+  # a held-out combination: every one of its values occurs in train, the combination does not
+  for it in pools["test_comb"]:
+    if it.family == bench.CONTROL:
+      continue
+    assert all(v in train_values or v == "" for _, v in it.params), it
+
+
+def test_combination_split_holds_out_pairings(pools):
+  """filter's test_comb (category, order) pairings of single-filter intents never occur in train with that filter."""
+  train = {(dict(it.params)["category"], dict(it.params)["order"]) for s in bench.TRAIN_SPLITS for it in pools[s]
+           if it.family == "filter" and not dict(it.params)["colour"]}
+  held = {(dict(it.params)["category"], dict(it.params)["order"]) for it in pools["test_comb"]
+          if it.family == "filter" and not dict(it.params)["colour"]}
+  assert held and not held & train
+
+
+def test_control_is_todays_family_unchanged(device_suite, world):
+  old = tasks.generate(SEED, profiles=("device",))
+  old_intents = {t.intent for s in old.values() for t in s if t.template == "shop_category_order"}
+  control = [t for s in device_suite.values() for t in s if t.meta["family"] == bench.CONTROL]
+  assert {t.intent for t in control} == old_intents
+  for t in control:
+    assert "perturb" not in t.meta and t.max_steps == bench.CONTROL_CAPS["device"]
+    assert t.evaluator["kind"] == "url_match" and not t.evaluator.get("exact")
+  parts = collections.Counter(t.split for t in control)
+  assert parts == {"train_a": 16, "train_b": 8, "test_comb": 8}
+
+
+def test_tiers_caps_and_rubrics(device_suite):
+  seen_tiers = collections.defaultdict(set)
+  for split, ts in device_suite.items():
+    for t in ts:
+      seen_tiers[t.meta["family"]].add(t.meta["tier"])
+      lo, hi = {1: (2, 5), 2: (6, 10), 3: (11, 18)}[t.meta["tier"]]
+      assert lo <= t.meta["expert_steps"] <= hi, t.id
+      if t.meta["family"] != bench.CONTROL:
+        assert t.max_steps == bench.cap(t.meta["expert_steps"], "device")
+        assert t.evaluator.get("rubric"), t.id
+  assert seen_tiers["buy"] == {3} and seen_tiers["cross"] == {3}
+  assert 1 in seen_tiers["filter"] and 2 in seen_tiers["filter"]
+
+
+def test_exact_judges_where_detours_must_cost(device_suite):
+  by_family = {t.meta["family"]: t for t in device_suite["test_comb"]}
+  assert by_family["filter"].evaluator["exact"] is True
+  assert by_family["cart"].evaluator["checks"][0]["equals"]
+  assert by_family["buy"].evaluator["checks"][0]["path"] == "orders"
+  assert by_family["reply"].evaluator["checks"][0]["equals"]
+
+
+def test_perturbation_specs(device_suite):
+  for t in device_suite["test_layout"]:
+    if t.meta["family"] != bench.CONTROL:
+      assert t.meta["perturb"]["layout"] == "test"
+  for t in device_suite["test_comb"]:
+    if t.meta["family"] != bench.CONTROL:
+      assert t.meta["perturb"] == {**t.meta["perturb"], "level": 2, "layout": "train"}
+  assert all("perturb" not in t.meta for t in bench.generate(SEED, "device", 0, splits=("test_comb",))["test_comb"])
+
+
+def test_iid_split_repeats_train_intents_with_new_episode_ids(device_suite):
+  train_ids = {t.meta["intent_id"] for s in bench.TRAIN_SPLITS for t in device_suite[s]}
+  for t in device_suite["test_iid"]:
+    assert t.meta["intent_id"] in train_ids and t.id.endswith("@iid")
+
+
+def test_every_task_validates(device_suite):
+  for ts in device_suite.values():
+    for t in ts[:200]:
+      tasks.validate(t)
+
+
+def test_generating_every_split_is_fast():
+  start = time.perf_counter()
+  for profile in bench.PROFILES:
+    bench.generate(SEED, profile, 2)
+  assert time.perf_counter() - start <= 10.0
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("device", "PROFILE/SPLIT"), ("phone/test_comb", "profile 'phone'"), ("device/test", "split 'test'"),
+    ("device/test_comb@3", "level '3'"), ("device/test_comb/shoes", "family 'shoes'")])
+def test_bad_split_specs_are_refused_naming_the_part(spec, error):
+  with pytest.raises(ValueError, match=error):
+    bench.parse_split(spec)
+
+
+def test_split_specs():
+  assert bench.parse_split("web/headline@1/filter,cart") == ("web", "headline", 1, ("filter", "cart"))
+  head = bench.tasks_for("web/headline/filter", SEED)
+  assert head and {t.meta["family"] for t in head} == {"filter"}
