@@ -2,6 +2,7 @@
 
   python data_tools/expert_success.py --profile web --format webvoyager --workers 2 --json web.json
   python data_tools/expert_success.py --profile device --format autoui --epsilon 0.2 --stop-prob 0.05 --limit 100
+  python data_tools/expert_success.py --bench device/headline@2 --format autoui --per-family 15   # the benchmark
 
 Each worker process runs its own site server and browser; tasks are split among them.
 """
@@ -17,6 +18,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from jaxagent.envs.sites import bench
 from jaxagent.envs.sites import env as env_lib
 from jaxagent.envs.sites import expert
 from jaxagent.envs.sites import tasks as tasks_lib
@@ -75,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="agent format: webvoyager, openwebvoyager, webrl, autoui ...")
   parser.add_argument("--split", default="test")
   parser.add_argument("--tasks", default="", help="a task JSONL file instead of the generated suite")
+  parser.add_argument("--bench", default="", help="a benchmark split, PROFILE/SPLIT[@LEVEL][/FAMILIES] (e.g. "
+                      "device/headline@2), instead of the generated suite; sets --profile")
+  parser.add_argument("--per-family", type=int, default=0, help="with --bench: the first N tasks of each family")
   parser.add_argument("--limit", type=int, default=0, help="first N tasks of a seeded shuffle (0 = all)")
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--epsilon", type=float, default=0.0)
@@ -82,7 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default="", help="write the full result here")
   args = parser.parse_args(argv)
-  suite = tasks_lib.load_tasks(args.tasks) if args.tasks else tasks_lib.generate(args.seed)[args.split]
+  if args.bench:
+    args.profile = bench.parse_split(args.bench)[0]
+    suite = bench.tasks_for(args.bench, args.seed)
+    if args.per_family:
+      seen: dict[str, int] = collections.Counter()
+      suite = [t for t in suite if (seen.update([t.meta["family"]]) or seen[t.meta["family"]]) <= args.per_family]
+  else:
+    suite = tasks_lib.load_tasks(args.tasks) if args.tasks else tasks_lib.generate(args.seed)[args.split]
   suite = [t for t in suite if t.profile == args.profile]
   if args.limit:
     random.Random(args.seed).shuffle(suite)

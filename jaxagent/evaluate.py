@@ -5,13 +5,16 @@ seeds, a per-task table, mean steps, `results.json` and an HTML report of the tr
     python -m jaxagent.evaluate --policy expert --suite sites:web/test/shop_price,forum_author --out E
     python -m jaxagent.evaluate --policy openai --model M --base-url http://host:8000/v1 --suite miniwob:click-button
     python -m jaxagent.evaluate --policy W/il --suite file:tasks.jsonl --format autoui --out E
+    python -m jaxagent.evaluate --policy expert --suite bench:device/headline@2 --seeds 0,1,2 --out E
 
 `--policy`: a checkpoint directory (a recipe stage, a training workdir, an export, a HF directory, `smollm2`),
 `expert` (the bundled sites' scripted expert) or `openai` (an OpenAI-compatible server: `--base-url`,
 `--model`, key from $OPENAI_API_KEY). `--suite`: `sites:PROFILE/SPLIT[/FAMILY,...]` (the bundled sites' tasks of
-one profile, split and template families, generated for each seed's world), `miniwob:TASK,...` (MiniWoB++ tasks,
-one episode seed per draw), or `file:TASKS.jsonl`. Each seed draws `--episodes` episodes with its own seed (and,
-for the sites, its own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
+one profile, split and template families, generated for each seed's world), `bench:PROFILE/SPLIT[@LEVEL][/FAMILY,...]`
+(the sites benchmark, `jaxagent/envs/sites/bench.py`: SPLIT may be `headline`; every intent once by default, the
+success and the subgoal rubric per family beside the total), `miniwob:TASK,...` (MiniWoB++ tasks, one episode seed
+per draw), or `file:TASKS.jsonl`. Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
+own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class Suite:
       if len(parts) not in (2, 3) or not all(parts[:2]):
         raise ValueError(f"--suite {spec!r}: write sites:PROFILE/SPLIT[/FAMILY,...], e.g. sites:device/test")
       return cls("sites", parts[0], parts[1], parts[2] if len(parts) == 3 else "")
+    if kind == "bench":
+      from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+      try:
+        profile = bench.parse_split(rest)[0]
+      except ValueError as e:
+        raise ValueError(f"--suite {spec!r}: {e}") from None
+      return cls("bench", profile, split=rest)
     if kind == "miniwob":
       names = tuple(n.strip() for n in rest.split(",") if n.strip())
       if not names:
@@ -57,7 +67,7 @@ class Suite:
       if not os.path.isfile(rest):
         raise ValueError(f"--suite {spec!r}: {rest!r} is not a task file")
       return cls("file", "", path=rest)
-    raise ValueError(f"--suite {spec!r}: start with sites:, miniwob: or file:")
+    raise ValueError(f"--suite {spec!r}: start with sites:, bench:, miniwob: or file:")
 
   def tasks(self, seed: int) -> list[types.Task]:
     """The suite's tasks for `seed` (for the sites, generated in world `seed`)."""
@@ -67,6 +77,9 @@ class Suite:
       if self.split not in suites:
         raise ValueError(f"--suite: split {self.split!r} is not one of {sorted(suites)}")
       return suites[self.split]
+    if self.kind == "bench":
+      from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+      return bench.tasks_for(self.split, seed)
     if self.kind == "miniwob":
       from jaxagent.envs import miniwob  # pylint: disable=g-import-not-at-top
       return miniwob.suite(self.names, seeds=[seed])
@@ -93,7 +106,7 @@ def world_of(suite: Suite, tasks: list[types.Task], seed: int) -> int | None:
   """The site world the episodes live in (None for MiniWoB): the seed's for a sites suite, the file's own."""
   if (suite.profile or (tasks[0].profile if tasks else "")) == "miniwob":
     return None
-  return seed if suite.kind == "sites" else _file_world(tasks)
+  return seed if suite.kind in ("sites", "bench") else _file_world(tasks)
 
 
 def _file_world(tasks: list[types.Task]) -> int:
@@ -135,11 +148,11 @@ def evaluate(args) -> dict:
   suite = Suite.parse(args.suite)
   env = ml_collections.ConfigDict({"workers": args.workers, "step_timeout": 60.0, "reset_timeout": 90.0,
                                    "errored_retries": 2})
-  per_seed, tables, all_trajs = {}, {}, []
+  per_seed, tables, all_trajs, by_family = {}, {}, [], {}
   for seed in args.seeds:
     tasks = suite.tasks(seed)
     fmt = args.format or PROFILE_FORMAT.get(suite.profile or (tasks[0].profile if tasks else "web"), "webvoyager")
-    episodes = draw_episodes(tasks, args.episodes, seed, tag=f"eval{seed}.")
+    episodes = draw_episodes(tasks, args.episodes or len(tasks), seed, tag=f"eval{seed}.")
     store_dir = os.path.join(args.out, f"seed{seed}", "episodes")
     policy = make_policy(args, fmt, seed)
     print(f"seed {seed}: {len(episodes)} episodes of {len(tasks)} tasks ({args.suite}), format {fmt}", flush=True)
@@ -149,6 +162,8 @@ def evaluate(args) -> dict:
       spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "")
       trajs = rollout(spec, env, policy, episodes, store_dir, judge=ProgrammaticJudge(), name=str(args.policy),
                       progress=True)
+      if suite.kind == "bench":
+        by_family[seed] = family_table(trajs, ProgrammaticJudge())
     finally:
       if server is not None:
         server.stop()
@@ -159,7 +174,8 @@ def evaluate(args) -> dict:
   results = {"policy": args.policy, "suite": args.suite, "format": args.format or "profile default",
              "temperature": args.temperature, "episodes_per_seed": args.episodes,
              "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
-             "per_task": {str(k): v for k, v in tables.items()}}
+             "per_task": {str(k): v for k, v in tables.items()},
+             **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {})}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2)
@@ -169,6 +185,25 @@ def evaluate(args) -> dict:
   print(report.table(per_seed, headline), flush=True)
   print(f"results: {os.path.join(args.out, 'results.json')}; reports: {args.out}/seed<k>/report.html", flush=True)
   return results
+
+
+def family_table(trajs, judge) -> dict[str, dict]:
+  """Per benchmark family (and tier): success rate, the mean share of rubric subgoals met, episodes. The rubric
+  reads the server's state, so this runs while the episodes' server is up."""
+  from jaxagent.judges.evaluators import rubric_score  # pylint: disable=g-import-not-at-top
+  groups: dict[str, list[tuple[float, float | None]]] = {}
+  for t in trajs:
+    if t.status == "errored":
+      continue
+    score = rubric_score(judge.rubric(t.task, t))
+    for key in (t.task.meta.get("family", "?"), f"tier{t.task.meta.get('tier', '?')}", "all"):
+      groups.setdefault(key, []).append((float(t.success == 1.0), score))
+  out = {}
+  for key, rows in sorted(groups.items()):
+    scores = [s for _, s in rows if s is not None]
+    out[key] = {"episodes": len(rows), "success_rate": sum(s for s, _ in rows) / len(rows),
+                "rubric": sum(scores) / len(scores) if scores else None}
+  return out
 
 
 def _seeds(text: str) -> list[int]:
@@ -185,8 +220,10 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m jaxagent.evaluate", description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("--policy", required=True, help="a checkpoint directory, 'expert' or 'openai'")
-  p.add_argument("--suite", required=True, help="sites:PROFILE/SPLIT[/FAMILIES], miniwob:TASKS or file:PATH")
-  p.add_argument("--episodes", type=int, default=100, help="episodes per seed (drawn from the suite's tasks)")
+  p.add_argument("--suite", required=True,
+                 help="sites:PROFILE/SPLIT[/FAMILIES], bench:PROFILE/SPLIT[@LEVEL][/FAMILIES], miniwob:TASKS or file:PATH")
+  p.add_argument("--episodes", type=int, default=0, help="episodes per seed, drawn from the suite's tasks "
+                 "(default: each task once for bench:, 100 otherwise)")
   p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated global seeds (default 0)")
   p.add_argument("--out", required=True, help="output directory (stores, results.json, report.html)")
   p.add_argument("--format", default="", help=f"agent format (default by profile: {PROFILE_FORMAT})")
@@ -198,12 +235,14 @@ def main(argv=None) -> None:
   p.add_argument("--base-url", default="", help="--policy openai: the server (default $OPENAI_BASE_URL)")
   p.add_argument("--model", default="", help="--policy openai: the model name")
   args = p.parse_args(argv)
-  if args.episodes < 1:
-    p.error(f"--episodes={args.episodes} must be ≥ 1")
+  if args.episodes < 0:
+    p.error(f"--episodes={args.episodes} must be ≥ 1 (or 0: each task once for bench:, 100 otherwise)")
   try:
-    Suite.parse(args.suite)
+    suite = Suite.parse(args.suite)
   except ValueError as e:
     p.error(str(e))
+  if not args.episodes and suite.kind != "bench":
+    args.episodes = 100
   evaluate(args)
 
 

@@ -64,3 +64,23 @@ def test_expert_on_two_worlds_writes_results_and_report(tmp_path):
   evaluate.main(["--policy", "expert", "--suite", "sites:device/test/shop_price", "--episodes", "2",
                  "--seeds", "0,1", "--out", out, "--workers", "1"])
   assert json.load(open(os.path.join(out, "results.json")))["seeds"] == results["seeds"]
+
+
+def test_bench_suite_parses_and_refuses_bad_splits():
+  suite = evaluate.Suite.parse("bench:web/headline@1/filter")
+  tasks = suite.tasks(0)
+  assert tasks and {t.meta["family"] for t in tasks} == {"filter"} and suite.profile == "web"
+  assert all(t.meta["perturb"]["level"] == 1 for t in tasks)
+  with pytest.raises(ValueError, match="split 'tset'"):
+    evaluate.Suite.parse("bench:web/tset")
+
+
+@pytest.mark.browser
+def test_expert_on_the_benchmark_reports_families_and_rubric(tmp_path):
+  """Per-family success and the rubric beside the total, at perturbation level 2."""
+  out = str(tmp_path / "bench")
+  evaluate.main(["--policy", "expert", "--suite", "bench:device/test_comb@2/filter,cart", "--episodes", "2",
+                 "--out", out, "--workers", "1"])
+  results = json.load(open(os.path.join(out, "results.json")))
+  fam = results["by_family"]["0"]
+  assert fam["all"]["episodes"] == 2 and fam["all"]["success_rate"] == 1.0 and fam["all"]["rubric"] == 1.0

@@ -1,4 +1,8 @@
-"""Command line: `python -m jaxagent.envs.sites serve --port 8080` | `tasks --out DIR [--seed 0]`.
+"""Command line: `python -m jaxagent.envs.sites serve --port 8080` | `tasks --out DIR [--seed 0]
+[--bench PROFILE/SPLIT[@LEVEL][/FAMILIES] ...]`.
+
+`tasks` writes today's suites, or with `--bench` the benchmark's splits (`bench.py`; SPLIT may be `headline`), one
+file each: `DIR/<profile>_<split>_L<level>.jsonl`.
 
 Running the scripted expert needs the judges and the collector, which sit above the environments, so its success
 rate and its demonstrations are tools of their own: `data_tools/expert_success.py`, `data_tools/site_demos.py`.
@@ -10,7 +14,7 @@ import argparse
 import json
 import sys
 
-from jaxagent.envs.sites import server, tasks
+from jaxagent.envs.sites import bench, server, tasks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
   gen = sub.add_parser("tasks", help="write the task suites as JSONL")
   gen.add_argument("--out", required=True, help="output directory")
   gen.add_argument("--seed", type=int, default=0)
+  gen.add_argument("--bench", action="append", default=[], metavar="PROFILE/SPLIT[@LEVEL][/FAMILIES]",
+                   help="a benchmark split to write (repeatable), e.g. device/headline@2 or web/train_a")
   args = parser.parse_args(argv)
 
   if args.command == "serve":
@@ -30,7 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving the bundled sites on {s.base_url}  (try {s.base_url}/s/demo/launcher/)", flush=True)
     s.serve_forever()
     return 0
-  paths = tasks.write_suite(args.out, seed=args.seed)
+  if args.bench:
+    paths = {}
+    for spec in args.bench:
+      try:
+        profile, split, level, _ = bench.parse_split(spec)
+      except ValueError as e:
+        parser.error(str(e))
+      paths[spec] = bench.write_split(args.out, spec, args.seed)
+  else:
+    paths = tasks.write_suite(args.out, seed=args.seed)
   counts = {name: sum(1 for _ in open(path)) for name, path in paths.items()}
   print(json.dumps({"out": args.out, "seed": args.seed, "tasks": counts}, indent=1))
   return 0

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
+import os
 import random
 from typing import Any, Callable, Iterable, Iterator
 
@@ -527,6 +529,17 @@ def parse_split(spec: str) -> tuple[str, str, int, tuple[str, ...]]:
     if f not in FAMILIES:
       raise ValueError(f"benchmark split {spec!r}: family {f!r} is not one of {list(FAMILIES)}")
   return profile, split, level, families
+
+
+def write_split(out_dir: str, spec: str, seed: int = 0) -> str:
+  """Writes the split `spec` names as JSONL, `<out_dir>/<profile>_<split>_L<level>.jsonl`; returns the path."""
+  profile, split, level, _ = parse_split(spec)
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, f"{profile}_{split}_L{level}.jsonl")
+  with open(path, "w") as f:
+    for t in tasks_for(spec, seed):
+      f.write(json.dumps(t.to_json()) + "\n")
+  return path
 
 
 def tasks_for(spec: str, seed: int = 0) -> list[Task]:

@@ -26,6 +26,7 @@ import random
 from typing import Any, Callable, Iterable
 
 from jaxagent.envs.sites import catalog, phone, shop
+from jaxagent.envs.sites.perturb import Perturbation
 from jaxagent.envs.sites.state import DEFAULT_SETTINGS
 from jaxagent.envs.sites.urls import PLACEHOLDER, check_site
 from jaxagent.types import Task
@@ -399,6 +400,11 @@ def validate(task: Task) -> None:
       for req in ORACLE_OPS[op]:
         if not isinstance(step.get(req), str):
           raise ValueError(f"field 'oracle[{k}].{req}' (a string) is missing from the {op!r} step")
+  if task.meta.get("perturb"):
+    try:
+      Perturbation.from_json({k: v for k, v in task.meta["perturb"].items() if k != "episode"})
+    except (TypeError, ValueError, AttributeError) as e:
+      raise ValueError(f"field 'meta.perturb' {task.meta['perturb']!r}: {e}") from None
   check_site(task)
 
 

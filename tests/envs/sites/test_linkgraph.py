@@ -1,0 +1,106 @@
+"""The sites as an in-process link graph: the same pages as the HTTP server, the expert at every level, the random
+policy's floor, and the same perturbations for two different policies in one episode."""
+
+import collections
+import dataclasses
+import random
+
+import httpx
+import pytest
+
+from jaxagent.envs.sites import bench, linkgraph, pages, server
+from jaxagent.judges.evaluators import ProgrammaticJudge
+
+
+def judged(ep):
+  return ProgrammaticJudge(fetch_state=lambda _: ep.state).evaluate(ep.task, ep.trajectory).success
+
+
+@pytest.mark.parametrize("profile,level", [("web", 0), ("device", 2), ("text", 1)])
+def test_the_expert_solves_every_headline_intent(profile, level):
+  env = linkgraph.LinkEnv(0)
+  failures = collections.Counter()
+  head = bench.headline(bench.generate(0, profile, level, splits=bench.HEADLINE))
+  for task in head:
+    if judged(linkgraph.run(env, linkgraph.LinkExpert(), task, seed=0)) != 1.0:
+      failures[task.meta["family"]] += 1
+  assert not failures, failures
+
+
+def test_a_random_policy_stays_at_the_floor_on_tiers_2_and_3():
+  env = linkgraph.LinkEnv(0)
+  suite = bench.generate(0, "device", 2, splits=("train_c",))["train_c"]
+  rng = random.Random(0)
+  by_tier = collections.defaultdict(list)
+  for task in rng.sample([t for t in suite if t.meta["tier"] >= 2], 400):
+    by_tier[task.meta["tier"]].append(judged(linkgraph.run(env, linkgraph.RandomLinkPolicy(), task, seed=1)))
+  for tier, outcomes in by_tier.items():
+    assert sum(outcomes) / len(outcomes) <= 0.02, (tier, sum(outcomes), len(outcomes))
+
+
+def test_the_in_process_pages_are_the_servers_bytes():
+  """The expert's whole episode replayed against the real HTTP server gives the same page at every step."""
+  task = next(t for t in bench.generate(0, "web", 2, splits=("test_comb",))["test_comb"]
+              if t.meta["family"] == "buy")
+  task = dataclasses.replace(task, meta={**task.meta, "perturb": {**task.meta["perturb"], "seed": 3}})
+  env = linkgraph.LinkEnv(0)
+  seen = []
+
+  class Recording(linkgraph.LinkExpert):
+    def act(self, env, acts, rng):
+      seen.append((env.url, env.page.text))
+      return super().act(env, acts, rng)
+
+  ep = linkgraph.run(env, Recording(), task, seed=0)
+  assert judged(ep) == 1.0
+  with server.SiteServer(port=0) as s:
+    server.start_episode(s.base_url, linkgraph.SESSION, server.perturbation_of(task))
+    client = httpx.Client(base_url=s.base_url, follow_redirects=True)
+    for (url, text), (_, act) in zip(seen, ep.steps):
+      assert pages.parse(client.get(f"{linkgraph.ROOT}{url}").text).text == text, url
+      if act.kind == "submit":  # replay the step's form on the server too
+        break
+
+
+def test_two_policies_meet_the_same_perturbations_in_one_episode():
+  """What a policy meets at its n-th request or page view depends on the episode, not on the policy: the expert
+  and a noisy policy (other actions, other pages) see failures at the same request numbers, the pop-up at the same
+  view and the same layout."""
+  tasks = [t for t in bench.generate(0, "web", 2, splits=("test_comb",))["test_comb"]
+           if t.meta["family"] in ("filter", "lookup")][:24]
+  env = linkgraph.LinkEnv(0)
+  compared = collections.Counter()
+
+  def meets(policy, task):
+    seen = {"failed": {}, "popup": {}, "layout": set()}
+
+    class Watch(type(policy)):
+      def act(self, env, acts, rng):
+        st = env.state
+        seen["failed"][st.page_gets] = bool(pages.select(env.page, "#retry"))
+        seen["popup"][st.page_views] = st.popup_open
+        if env.url.startswith("/shop/c/") and not st.popup_open and not pages.select(env.page, "#retry"):
+          seen["layout"].add((bool(pages.select(env.page, "div.sort-list")),
+                              bool(pages.select(env.page, "nav.cats[style]"))))
+        return super().act(env, acts, rng)
+
+    watch = Watch.__new__(Watch)
+    watch.__dict__.update(policy.__dict__)
+    linkgraph.run(env, watch, task, seed=7)
+    return seen
+
+  for task in tasks:
+    a = meets(linkgraph.LinkExpert(), task)
+    b = meets(linkgraph.NoisyLinkPolicy(epsilon=0.6, shortcut=1.0), task)
+    common = set(a["failed"]) & set(b["failed"])
+    assert all(a["failed"][k] == b["failed"][k] for k in common), task.id
+    compared["failed"] += sum(a["failed"][k] for k in common)
+    first = [min((k for k, up in m["popup"].items() if up), default=None) for m in (a, b)]
+    reach = min(max(a["popup"]), max(b["popup"]))
+    if any(f is not None and f <= reach for f in first):  # both got as far as the pop-up's view
+      assert first[0] == first[1], task.id
+      compared["popup"] += 1
+    if a["layout"] and b["layout"]:
+      assert a["layout"] == b["layout"], task.id
+      compared["layout"] += 1
+  assert compared["failed"] and compared["popup"] and compared["layout"]  # the comparison was not vacuous
