@@ -28,9 +28,9 @@ from jaxagent.types import Task
 _worker: dict[str, Any] = {}
 
 
-def _init(profile: str, format_name: str, epsilon: float, stop_prob: float, seed: int) -> None:
-  if epsilon or stop_prob:
-    policy = expert.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob,
+def _init(profile: str, format_name: str, epsilon: float, stop_prob: float, seed: int, shortcut: float = 0.0) -> None:
+  if epsilon or stop_prob or shortcut:
+    policy = expert.NoisyExpert(format_name, epsilon=epsilon, stop_prob=stop_prob, shortcut=shortcut,
                                 seed=seed * 1000 + multiprocessing.current_process()._identity[0])  # per worker
   else:
     policy = expert.ScriptedExpert(format_name)
@@ -53,16 +53,16 @@ def _run(task_json: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(tasks: list[Task], profile: str, format_name: str, workers: int = 2, epsilon: float = 0.0,
-            stop_prob: float = 0.0, seed: int = 0) -> dict[str, Any]:
+            stop_prob: float = 0.0, seed: int = 0, shortcut: float = 0.0) -> dict[str, Any]:
   t0 = time.time()
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(workers, initializer=_init, initargs=(profile, format_name, epsilon, stop_prob, seed)) as pool:
+  with ctx.Pool(workers, initializer=_init, initargs=(profile, format_name, epsilon, stop_prob, seed, shortcut)) as pool:
     results = pool.map(_run, [t.to_json() for t in tasks], chunksize=1)
   by_template: dict[str, list[float]] = collections.defaultdict(list)
   for r in results:
     by_template[r["template"]].append(float(r["success"] or 0.0))
   n_ok = sum(float(r["success"] or 0.0) for r in results)
-  return {"profile": profile, "format": format_name, "epsilon": epsilon, "stop_prob": stop_prob,
+  return {"profile": profile, "format": format_name, "epsilon": epsilon, "stop_prob": stop_prob, "shortcut": shortcut,
           "tasks": len(results), "successes": n_ok, "success_rate": n_ok / max(1, len(results)),
           "by_template": {k: sum(v) / len(v) for k, v in sorted(by_template.items())},
           "mean_steps": sum(r["steps"] for r in results) / max(1, len(results)),
@@ -84,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--epsilon", type=float, default=0.0)
   parser.add_argument("--stop-prob", type=float, default=0.0)
+  parser.add_argument("--shortcut", type=float, default=0.0, help="noisy: take a perturbed episode's deal with "
+                      "this probability")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default="", help="write the full result here")
   args = parser.parse_args(argv)
@@ -99,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.limit:
     random.Random(args.seed).shuffle(suite)
     suite = suite[:args.limit]
-  result = measure(suite, args.profile, args.format, args.workers, args.epsilon, args.stop_prob, args.seed)
+  result = measure(suite, args.profile, args.format, args.workers, args.epsilon, args.stop_prob, args.seed,
+                   args.shortcut)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

@@ -28,6 +28,7 @@ FORMAT_OBSERVATION = {"webvoyager": "som", "webvoyager_text": "a11y", "webvoyage
 DONE_TEXT = "Done."
 # Cleared before the oracle's next step: a perturbed episode's interstitial and its transient error page.
 INTERRUPTS = ("#popup-close", "#retry")
+DEAL = "#deal"  # the risky shortcut a perturbed episode may offer (the expert never takes it)
 _SESSION_PATH = re.compile(r"^https?://[^/]+/s/[^/]+(/.*)$")
 
 
@@ -223,17 +224,23 @@ class ScriptedExpert:
 
 
 class NoisyExpert(ScriptedExpert):
-  """The expert with ε-random actions (a random element, scroll or back) and early stops with a wrong answer."""
+  """The expert with ε-random actions (a random element, scroll or back), early stops with a wrong answer, and
+  (probability `shortcut`) the risky deal of a perturbed episode when it is on screen."""
 
   def __init__(self, format_name: str, epsilon: float = 0.2, stop_prob: float = 0.05, seed: int = 0,
-               **kwargs: Any):
+               shortcut: float = 0.0, **kwargs: Any):
     super().__init__(format_name, **kwargs)
-    if not (0 <= epsilon <= 1 and 0 <= stop_prob <= 1):
-      raise ValueError(f"epsilon={epsilon} and stop_prob={stop_prob} must lie in [0, 1]")
-    self.epsilon, self.stop_prob = epsilon, stop_prob
+    if not (0 <= epsilon <= 1 and 0 <= stop_prob <= 1 and 0 <= shortcut <= 1):
+      raise ValueError(f"epsilon={epsilon}, stop_prob={stop_prob} and shortcut={shortcut} must lie in [0, 1]")
+    self.epsilon, self.stop_prob, self.shortcut = epsilon, stop_prob, shortcut
     self.rng = random.Random(seed)
 
   def next_action(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> tuple[Action, str]:
+    deal = obs.extra.get("oracle_targets", {}).get(DEAL)
+    if self.shortcut and deal is not None and deal.get("in_view") and self.rng.random() < self.shortcut:
+      action = self._action(obs, {"op": "click", "selector": DEAL, "text": "Deal"}, deal, 0)
+      if action is not None:
+        return action, "This deal looks like a shortcut."
     if history and self.rng.random() < self.stop_prob:
       return Action(ActionKind.ANSWER, text="I am not sure." if self.format_name != "autoui" else ""), \
           "I will stop here."

@@ -288,16 +288,18 @@ def _type_act(env: LinkEnv, acts: Sequence[Act], node, text: str) -> Act | None:
 
 
 class NoisyLinkPolicy(LinkExpert):
-  """The goal-aware noisy behaviour policy: with probability `epsilon` a uniformly random action (answers and
-  stops aside), with `stop_prob` a wrong early answer, with `shortcut` the risky deal when it is offered; else
-  the expert, which repairs what it can."""
+  """The goal-aware noisy behaviour policy, a controllable mix: with probability `shortcut` the risky deal when it
+  is offered; `stop_prob` a wrong early answer; `repair` a wrong sibling of the expert's next link (another brand,
+  sort or colour: the same link with one query value changed) that the expert's next action repairs; `epsilon` a
+  uniformly random action (answers and stops aside); else the expert, which recovers what it can."""
 
-  def __init__(self, epsilon: float = 0.3, stop_prob: float = 0.02, shortcut: float = 0.5, **kwargs: Any):
+  def __init__(self, epsilon: float = 0.3, stop_prob: float = 0.02, shortcut: float = 0.5, repair: float = 0.0,
+               **kwargs: Any):
     super().__init__(**kwargs)
-    for name, p in (("epsilon", epsilon), ("stop_prob", stop_prob), ("shortcut", shortcut)):
+    for name, p in (("epsilon", epsilon), ("stop_prob", stop_prob), ("shortcut", shortcut), ("repair", repair)):
       if not 0 <= p <= 1:
         raise ValueError(f"{name}={p} must lie in [0, 1]")
-    self.epsilon, self.stop_prob, self.shortcut = epsilon, stop_prob, shortcut
+    self.epsilon, self.stop_prob, self.shortcut, self.repair = epsilon, stop_prob, shortcut, repair
 
   def act(self, env: LinkEnv, acts: Sequence[Act], rng: random.Random) -> Act:
     deal = next((a for a in acts if a.kind == "link" and a.target == "/shop/deal"), None)
@@ -308,7 +310,35 @@ class NoisyLinkPolicy(LinkExpert):
     if rng.random() < self.epsilon:
       moves = [a for a in acts if a.kind not in ("answer", "stop")]
       return rng.choice(moves)
-    return super().act(env, acts, rng)
+    pos, backs, furthest = self.pos, self.backs, self.furthest
+    act = super().act(env, acts, rng)
+    erred, self.erred = self.erred, False
+    if self.repair and not erred and act.kind == "link" and rng.random() < self.repair:
+      wrong = _siblings(act, acts)
+      if wrong:
+        self.pos, self.backs, self.furthest = pos, backs, furthest  # the expert's step is still to do: next
+        self.erred = True
+        return rng.choice(wrong)
+    return act
+
+  def begin(self, env: LinkEnv) -> None:
+    super().begin(env)
+    self.erred = False
+
+
+def _siblings(act: Act, acts: Sequence[Act]) -> list[Act]:
+  """Links to the same page with the same query keys and exactly one value changed."""
+  path, _, query = act.target.partition("?")
+  mine = dict(urllib.parse.parse_qsl(query))
+  out = []
+  for a in acts:
+    if a.kind != "link" or a is act:
+      continue
+    p, _, q = a.target.partition("?")
+    other = dict(urllib.parse.parse_qsl(q))
+    if p == path and other.keys() == mine.keys() and sum(other[k] != mine[k] for k in mine) == 1:
+      out.append(a)
+  return out
 
 
 class RandomLinkPolicy:

@@ -104,3 +104,29 @@ def test_two_policies_meet_the_same_perturbations_in_one_episode():
       assert a["layout"] == b["layout"], task.id
       compared["layout"] += 1
   assert compared["failed"] and compared["popup"] and compared["layout"]  # the comparison was not vacuous
+
+
+def test_noisy_policy_mix_is_controllable():
+  """`repair` clicks a wrong sibling (another brand, sort or colour) that the expert's next action repairs;
+  `shortcut` takes the deal whenever it is offered."""
+  env = linkgraph.LinkEnv(0)
+  level0 = [t for t in bench.generate(0, "web", 0, splits=("train_c",))["train_c"]
+            if t.meta["family"] == "filter" and t.meta["params"]["order"]][:30]
+  pairs = successes = 0
+  for k, task in enumerate(level0):
+    ep = linkgraph.run(env, linkgraph.NoisyLinkPolicy(epsilon=0, stop_prob=0, shortcut=0, repair=0.3), task, seed=k)
+    targets = [a.target for _, a in ep.steps if a.kind == "link"]
+    pairs += sum(linkgraph._siblings(linkgraph.Act("link", b), [linkgraph.Act("link", a)]) != []  # pylint: disable=protected-access
+                 for a, b in zip(targets, targets[1:]))
+    successes += judged(ep) == 1.0
+  assert pairs >= 10 and successes >= 27  # wrong steps, repaired within the cap
+  level2 = [t for t in bench.generate(0, "web", 2, splits=("train_c",))["train_c"] if t.meta["family"] == "filter"][:40]
+  deals = 0
+  for task in level2:
+    ep = linkgraph.run(env, linkgraph.NoisyLinkPolicy(epsilon=0, stop_prob=0, shortcut=1.0), task, seed=0)
+    took = any(a.target == "/shop/deal" for _, a in ep.steps)
+    assert took == server.perturbation_of(task).has_deal, task.id
+    deals += took
+  assert deals >= 5
+  with pytest.raises(ValueError, match="repair"):
+    linkgraph.NoisyLinkPolicy(repair=2)
