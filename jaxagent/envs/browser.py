@@ -96,6 +96,19 @@ _SETTLE_JS = """() => new Promise((r) => setTimeout(() => {
   window.__jaxagentNav = 0; window.__jaxagentPopup = 0; r(out); }, 0))"""
 
 
+# A fling or a smooth scroll goes on after the input ends: wait until the scroll position holds for three frames
+# (at most ~2 s), so the next observation's boxes are where a tap will land.
+_SCROLL_STILL_JS = """() => new Promise(resolve => {
+  let last = null, still = 0, frames = 0;
+  const tick = () => {
+    const here = [window.scrollX, window.scrollY].join();
+    still = here === last ? still + 1 : 0;
+    last = here;
+    if (still >= 3 || ++frames > 120) resolve(frames); else requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+})"""
+
 class BrowserCrashed(RuntimeError):
   """The Chromium process behind an env died; `reset` relaunches it (the pool retries the episode)."""
 
@@ -778,6 +791,7 @@ class BrowserEnv:
     else:
       self._page.mouse.move(*point)
       self._page.mouse.wheel(dx, dy)
+    self._page.evaluate(_SCROLL_STILL_JS)
 
   def _swipe(self, action: Action) -> None:
     """A touch drag from (x, y) to (x2, y2); shorter than ~3 px it is a tap (DigiRL: dist² < 10 px², §4.3)."""
@@ -807,6 +821,7 @@ class BrowserEnv:
       for x, y in path[1:]:
         mouse.move(x, y)
       mouse.up()
+    self._page.evaluate(_SCROLL_STILL_JS)
 
 
 # WebRL's select: the <select> at the point, first option whose text contains the argument (case-insensitive).
