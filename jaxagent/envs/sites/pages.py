@@ -15,6 +15,9 @@ import re
 from typing import Any
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+# A block element starting inside an open <p> closes it, as browsers do (a <p> holds phrasing content only).
+BLOCK = {"address", "article", "aside", "blockquote", "div", "dl", "fieldset", "footer", "form", "h1", "h2", "h3",
+         "h4", "h5", "h6", "header", "hr", "main", "nav", "ol", "p", "pre", "section", "table", "ul"}
 SKIP_TEXT = {"style", "script", "title", "head"}
 FIELD_TAGS = ("input", "textarea", "select")
 
@@ -48,6 +51,11 @@ class Link:
   href: str
   text: str
 
+  @property
+  def ancestors(self) -> tuple[Node, ...]:
+    """Outermost first."""
+    return tuple(reversed(list(self.node.ancestors())))[1:]
+
 
 @dataclasses.dataclass(frozen=True)
 class Field:
@@ -58,6 +66,10 @@ class Field:
   checked: bool
   tag: str
 
+  @property
+  def id(self) -> str:
+    return self.node.id
+
 
 @dataclasses.dataclass(frozen=True)
 class Form:
@@ -66,6 +78,9 @@ class Form:
   action: str
   fields: tuple[Field, ...]
   buttons: tuple[Node, ...]
+
+  def field(self, name: str) -> Field | None:
+    return next((f for f in self.fields if f.name == name), None)
 
 
 @dataclasses.dataclass
@@ -103,11 +118,16 @@ class _Parser(html.parser.HTMLParser):
   def handle_starttag(self, tag, attrs):
     node = Node(tag, {k: (v if v is not None else "") for k, v in attrs}, self.stack[-1], index=len(self.nodes))
     self.nodes.append(node)
+    if tag in BLOCK and any(n.tag == "p" for n in self.stack):
+      while self.stack[-1].tag != "p":
+        self._pop()
+      self._pop()
+      node.parent = self.stack[-1]
+    elif tag in ("li", "option") and self.stack[-1].tag == tag:
+      self._pop()
+      node.parent = self.stack[-1]
     if tag in VOID:
       return
-    if tag in ("p", "li") and self.stack[-1].tag == tag:
-      self.stack.pop()
-      node.parent = self.stack[-1]
     self.stack.append(node)
     if tag in SKIP_TEXT:
       self.skip += 1
@@ -117,13 +137,15 @@ class _Parser(html.parser.HTMLParser):
     if tag not in VOID:
       self.handle_endtag(tag)
 
+  def _pop(self):
+    if self.stack.pop().tag in SKIP_TEXT:
+      self.skip -= 1
+
   def handle_endtag(self, tag):
     for k in range(len(self.stack) - 1, 0, -1):
       if self.stack[k].tag == tag:
-        for node in self.stack[k:]:
-          if node.tag in SKIP_TEXT:
-            self.skip -= 1
-        del self.stack[k:]
+        while len(self.stack) > k:
+          self._pop()
         return
 
   def handle_data(self, data):
@@ -140,6 +162,21 @@ def _collapse(s: str) -> str:
   return " ".join(s.split())
 
 
+def _is_button(node: Node) -> bool:
+  return node.tag == "input" and node.attrs.get("type", "").lower() in ("submit", "image", "reset", "button")
+
+
+def _field(node: Node, nodes: list[Node]) -> Field:
+  kind = node.attrs.get("type", "text").lower() if node.tag == "input" else node.tag
+  if node.tag == "select":  # the selected option, else the first
+    options = [n for n in nodes if n.tag == "option" and node in n.ancestors()]
+    chosen = next((o for o in options if "selected" in o.attrs), options[0] if options else None)
+    value = "" if chosen is None else chosen.attrs.get("value", chosen.text)
+  else:
+    value = node.attrs.get("value", node.text if node.tag == "textarea" else "")
+  return Field(node, node.attrs.get("name", ""), kind, value, "checked" in node.attrs, node.tag)
+
+
 def parse(page_html: str) -> Page:
   p = _Parser()
   p.feed(page_html)
@@ -152,11 +189,10 @@ def parse(page_html: str) -> Page:
     if n.tag != "form":
       continue
     inside = [m for m in p.nodes if n in m.ancestors()]
-    fields = tuple(Field(m, m.attrs.get("name", ""), m.attrs.get("type", "text").lower() if m.tag == "input"
-                         else m.tag, m.attrs.get("value", m.text if m.tag == "textarea" else ""),
-                         "checked" in m.attrs, m.tag) for m in inside if m.tag in FIELD_TAGS)
-    buttons = tuple(m for m in inside if m.tag == "button" or (m.tag == "input" and m.attrs.get("type") == "submit"))
-    forms.append(Form(n, n.attrs.get("method", "get").upper(), n.attrs.get("action", ""), fields, buttons))
+    fields = tuple(_field(m, p.nodes) for m in inside if m.tag in FIELD_TAGS and not _is_button(m))
+    buttons = tuple(m for m in inside if m.tag == "button" or _is_button(m))
+    method = "POST" if n.attrs.get("method", "").lower() == "post" else "GET"  # as browsers: anything else
+    forms.append(Form(n, method, n.attrs.get("action", ""), fields, buttons))
   return Page(_collapse("".join(p.title)), links, tuple(forms), _collapse(" ".join(p.text)), p.nodes)
 
 
@@ -174,14 +210,20 @@ def _compile(selector: str) -> list[list[tuple[str, Any]]]:
     if not sel:
       raise ValueError(f"selector {selector!r}: an empty selector in the list")
     chain, comb = [], " "
-    for token in re.findall(r"(?:[^\s\[>]+|\[[^\]]*\])+|>", sel):
+    tokens = re.findall(r"(?:[^\s\[>]+|\[[^\]]*\]?)+|>", sel)
+    if tokens[0] == ">" or tokens[-1] == ">":
+      raise ValueError(f"selector {selector!r}: a '>' with nothing on one side")
+    for token in tokens:
       if token == ">":
         comb = ">"
         continue
       m = _COMPOUND.match(token)
       if not m or not token:
-        raise ValueError(f"selector {selector!r}: {token!r} is not supported (use tags, #id, .class, [attr op value], "
-                         "descendant or > combinators)")
+        bad = next((token[k:] for k in range(len(token)) if token[k] in ":+~!" or token[k:].startswith("[")
+                    and not _COMPOUND.match(token[:k] + token[k:].split("]")[0] + "]")), token)
+        bad = token if token in "+~" else bad
+        raise ValueError(f"selector {selector!r}: {bad!r} is not supported (use tags, #id, .class, "
+                         "[attr op value], descendant or > combinators)")
       tag, rest = m.group(1), m.group(2) or ""
       parts = [p.groups() for p in _PART.finditer(rest)]
       chain.append((comb, (tag if tag != "*" else None, parts)))
