@@ -96,6 +96,13 @@ def summarise(rows: Sequence[dict[str, Any]], key: str = "family") -> dict[str, 
               "steps": sum(r["steps"] for r in rs) / len(rs)} for g, rs in sorted(groups.items())}
 
 
+def floors(level: int, n: int, seed: int = 0, profile: str = "device") -> dict[str, dict[str, float]]:
+  """The uniform random policy per tier on `n` train_c intents (a floor: more intents than the headline holds)."""
+  pool = bench.generate(seed, profile, level, splits=("train_c",))["train_c"]
+  picked = random.Random(f"floor/{seed}").sample(pool, min(n, len(pool)))
+  return summarise(play(linkgraph.LinkEnv(seed), linkgraph.RandomLinkPolicy(), picked, seed), "tier")
+
+
 def check(level: int = 2, episodes: int = 1600, control_episodes: int = 25, seed: int = 0, epsilon: float = 0.3,
           stop_prob: float = 0.02, shortcut: float = 0.5, log=print) -> dict[str, Any]:
   t0 = time.time()
@@ -154,9 +161,15 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--episodes", type=int, default=1600, help="behaviour episodes")
   p.add_argument("--control-episodes", type=int, default=25)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--random", type=int, default=0, help="also the random policy's floor per tier on this many "
+                 "train_c intents of the device profile")
   p.add_argument("--json", default="", help="write the results here")
   args = p.parse_args(argv)
   results = check(args.level, args.episodes, args.control_episodes, args.seed)
+  if args.random:
+    results["random_floor"] = floors(args.level, args.random, args.seed)
+    print("random floor (device, train_c):", {k: f"{v['success']:.2f} % of {v['n']}"
+                                              for k, v in results["random_floor"].items()})
   print(markdown(results))
   print(json.dumps(results["margins"]))
   if args.json:

@@ -337,10 +337,11 @@ def buy_build(world, it):
   order = {"items": [item], "name": person, "address": address, "shipping": ship}
   oracle = ([ACCEPT_COOKIES, _cat_nav(cat), _filter(cat, "brand", brand), _sort(sort, cat),
              click(f"a.name[href$='/shop/p/{p.id}']", p.name)] + _options_steps(p, colour, size)
-            + [click("#add-to-cart", "Add to cart"), click("#checkout", "Proceed to checkout"),
-               type_("#name", person), type_("#address", address)]
+            + [click("#add-to-cart", "Add to cart"), click("#checkout", "Proceed to checkout")]
+            # the shipping first: WebVoyager's Type presses Enter, and the address's Enter places the order
             + ([click("input[name=shipping][value=express]", "Express")] if ship == "express" else [])
-            + [click("#place-order", "Place order", optional=True), STOP])
+            + [type_("#name", person), type_("#address", address),
+               click("#place-order", "Place order", optional=True), STOP])
   size_text = f", size {size}" if size else ""
   rubric = {"listing": _visited(listing), "product": _visited(f"/shop/p/{p.id}"),
             "in_cart": {"kind": "any", "checks": [

@@ -248,7 +248,7 @@ def checkout(ctx: Ctx) -> str | Redirect:
     name, address = ctx.form.get("name", "").strip(), ctx.form.get("address", "").strip()
     if not ctx.state.cart or not name or not address:
       missing = "Your cart is empty." if not ctx.state.cart else "Please fill in your name and address."
-      return _checkout_form(ctx, missing, name, address)
+      return _checkout_form(ctx, missing, name, address, ctx.form.get("shipping", "standard"))
     oid = 1000 + len(ctx.state.orders) + 1
     total = sum(ctx.world.product(i["product_id"]).price_cents * i["qty"] for i in ctx.state.cart)
     ctx.state.orders.append({"id": oid, "items": [dict(i) for i in ctx.state.cart], "name": name,
@@ -259,14 +259,17 @@ def checkout(ctx: Ctx) -> str | Redirect:
   return _checkout_form(ctx, "")
 
 
-def _checkout_form(ctx: Ctx, error: str, name: str = "", address: str = "") -> str:
-  """On an error the typed values stay, as on real shops (an Enter in one field submits the form early)."""
+def _checkout_form(ctx: Ctx, error: str, name: str = "", address: str = "", shipping: str = "standard") -> str:
+  """On an error the typed and chosen values stay, as on real shops (an Enter in one field submits the form
+  early)."""
+  express = shipping == "express"
   err = f"<div class=error id=checkout-error>{esc(error)}</div>" if error else ""
   body = (f"<h1>Checkout</h1>{err}<form class=stack method=post action='{ctx.url('shop/checkout')}'>"
           f"<label for=name>Full name</label><input type=text id=name name=name autocomplete=off value='{esc(name)}'>"
           f"<label for=address>Shipping address</label><input type=text id=address name=address autocomplete=off value='{esc(address)}'>"
-          f"<fieldset><legend>Shipping</legend><label><input type=radio name=shipping value=standard checked> "
-          f"Standard (free)</label><label><input type=radio name=shipping value=express> Express ($9.99)</label>"
+          f"<fieldset><legend>Shipping</legend><label><input type=radio name=shipping value=standard"
+          f"{'' if express else ' checked'}> Standard (free)</label><label><input type=radio name=shipping "
+          f"value=express{' checked' if express else ''}> Express ($9.99)</label>"
           f"</fieldset><p><button type=submit id=place-order>Place order</button></p></form>")
   return _render(ctx, "Checkout", body)
 
