@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import random
 import sys
@@ -58,7 +59,6 @@ def judge(episode: linkgraph.Episode) -> tuple[float, float | None]:
 
 
 def tagged(task: Task, tag: str) -> Task:
-  import dataclasses  # noqa: PLC0415
   return dataclasses.replace(task, id=f"{task.id}@{tag}")
 
 

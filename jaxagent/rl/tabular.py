@@ -120,16 +120,12 @@ def abstract_state(env: LinkEnv, goal: dict[str, Any], checks: Sequence[dict[str
 
 
 def _check_relation(state: dict[str, Any], check: dict[str, Any]) -> str:
-  from jaxagent.envs.sites import state as _  # noqa: F401  (keeps the import graph explicit)
   value: Any = state
   for key in check["path"].split("."):
     value = value.get(key) if isinstance(value, dict) else None
   if value in (None, [], {}):
     return "∅"
-  want = check.get("equals", check.get("contains"))
-  if isinstance(want, list):
-    return "=" if _same(value, want) else "≠"
-  return "=" if _same(value, want) else "≠"
+  return "=" if _same(value, check.get("equals", check.get("contains"))) else "≠"
 
 
 def _same(actual: Any, expected: Any) -> bool:
@@ -253,7 +249,3 @@ class TabularPolicy:
     if not candidates:
       return None
     return max(candidates, key=lambda k: (t.q(s, k) if t.q(s, k) is not None else -1.0))
-
-
-def transitions(env_steps: Sequence[tuple[State, Key]]) -> list[Transition]:
-  return [Transition(s, a) for s, a in env_steps]

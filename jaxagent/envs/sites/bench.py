@@ -128,7 +128,7 @@ def _sort(sort: str, cat: str = "") -> dict[str, Any]:
 
 def _best(world: catalog.World, cat: str, brand: str, sort: str) -> catalog.Product:
   items = [p for p in world.products if p.category == cat and p.brand == brand]
-  return shop._sorted(items, sort)[0]  # pylint: disable=protected-access
+  return shop.sorted_products(items, sort)[0]
 
 
 def _brand_cats(world: catalog.World, min_products: int = 1) -> list[tuple[str, str]]:
@@ -157,7 +157,7 @@ ORDERS = tuple(ORDER_LABELS)
 def order_intents(world):
   for i, cat in enumerate(CATS):
     for j, sort in enumerate(ORDERS):
-      part = tasks._order_split(i, j)  # pylint: disable=protected-access
+      part = tasks.order_split(i, j)
       split = {"a": "train_a", "b": "train_b", "test": "test_comb"}[part]
       yield Intent(CONTROL, (("category", cat), ("order", sort)), split)
 
@@ -254,19 +254,15 @@ def cart_intents(world):
         yield Intent("cart", params, split)
 
 
-def _options_steps(p: catalog.Product, colour: str, size: str) -> list[dict[str, Any]]:
-  return tasks._choose_options(p, colour, size)  # pylint: disable=protected-access
-
-
 def cart_build(world, it):
   p = world.product(it.get("product"))
   colour, size = it.get("colour"), it.get("size")
   item = {"product_id": p.id, "colour": colour, "size": size, "qty": 1}
-  oracle = tasks._find_product(p) + _options_steps(p, colour, size) + [  # pylint: disable=protected-access
+  oracle = tasks.find_product(p) + tasks.choose_options(p, colour, size) + [
       click("#add-to-cart", "Add to cart"), STOP]
   rubric = {"product": _visited(f"/shop/p/{p.id}"),
             "in_cart": {"kind": "state_match", "checks": [{"path": "cart", "contains": item}]}}
-  return Spec(f"Add {tasks._describe(p, colour, size)} to my cart on Shoply, and nothing else.", "shop",  # pylint: disable=protected-access
+  return Spec(f"Add {tasks.describe(p, colour, size)} to my cart on Shoply, and nothing else.", "shop",
               {"kind": "state_match", "checks": [{"path": "cart", "equals": [item]}]}, oracle, rubric)
 
 
@@ -283,7 +279,7 @@ def thread_intents(world):
 
 def thread_build(world, it):
   t, ask = world.thread(it.get("thread")), it.get("ask")
-  find = tasks._find_thread(t)  # pylint: disable=protected-access
+  find = tasks.find_thread(t)
   rubric = {"thread": _visited(f"/forum/t/{t.id}")}
   if ask == "author":
     return Spec(f"Who started the thread “{t.title}” on the Agora forum? Answer with the user name.", "forum",
@@ -305,7 +301,7 @@ def reply_intents(world):
 
 def reply_build(world, it):
   t, msg = world.thread(it.get("thread")), it.get("message")
-  oracle = tasks._find_thread(t) + [type_("#reply-body", msg), click("#reply-submit", "Post reply"), STOP]  # pylint: disable=protected-access
+  oracle = tasks.find_thread(t) + [type_("#reply-body", msg), click("#reply-submit", "Post reply"), STOP]
   return Spec(f"Reply to the Agora thread “{t.title}” with the message “{msg}”.", "forum",
               {"kind": "state_match", "checks": [{"path": "replies", "equals": [
                   {"thread_id": t.id, "body": msg}]}]}, oracle, {"thread": _visited(f"/forum/t/{t.id}")})
@@ -336,7 +332,7 @@ def buy_build(world, it):
   item = {"product_id": p.id, "colour": colour, "size": size, "qty": 1}
   order = {"items": [item], "name": person, "address": address, "shipping": ship}
   oracle = ([ACCEPT_COOKIES, _cat_nav(cat), _filter(cat, "brand", brand), _sort(sort, cat),
-             click(f"a.name[href$='/shop/p/{p.id}']", p.name)] + _options_steps(p, colour, size)
+             click(f"a.name[href$='/shop/p/{p.id}']", p.name)] + tasks.choose_options(p, colour, size)
             + [click("#add-to-cart", "Add to cart"), click("#checkout", "Proceed to checkout")]
             # the shipping first: WebVoyager's Type presses Enter, and the address's Enter places the order
             + ([click("input[name=shipping][value=express]", "Express")] if ship == "express" else [])
@@ -377,8 +373,8 @@ def cross_intents(world):
 def cross_build(world, it):
   p, t, field = world.product(it.get("product")), world.thread(it.get("thread")), it.get("field")
   value = p.price if field == "price" else str(p.reviews)
-  oracle = (tasks._find_product(p) + [{"op": "home"}, click("#app-forum", "Forum")]  # pylint: disable=protected-access
-            + tasks._find_thread(t) + [type_("#reply-body", value), click("#reply-submit", "Post reply"), STOP])  # pylint: disable=protected-access
+  oracle = (tasks.find_product(p) + [{"op": "home"}, click("#app-forum", "Forum")]
+            + tasks.find_thread(t) + [type_("#reply-body", value), click("#reply-submit", "Post reply"), STOP])
   rubric = {"product": _visited(f"/shop/p/{p.id}"), "thread": _visited(f"/forum/t/{t.id}")}
   return Spec(f"Reply to the Agora thread “{t.title}” with the {CROSS_FIELDS[field]} of the {p.name} on Shoply, "
               "and nothing else.", "shop",

@@ -119,7 +119,7 @@ class LinkEnv:
       self._submit(self.page.forms[act.form], act.target)
     elif act.kind == "back":
       if self.history:
-        self._get(self.history.pop(), record=False)
+        self._get(self.history.pop())
     elif act.kind == "home":
       self._navigate("/launcher/")
     elif act.kind in ("answer", "stop"):
@@ -154,7 +154,7 @@ class LinkEnv:
       self.history.append(self.url)
     self._get(url)
 
-  def _get(self, url: str, record: bool = True) -> None:
+  def _get(self, url: str) -> None:
     self._request("GET", url, {})
 
   def _request(self, method: str, url: str, form: dict[str, str], hops: int = 0) -> None:
@@ -173,7 +173,7 @@ class LinkEnv:
       return self._request("GET", _inside(reply.location) or "/launcher/", {}, hops + 1)
     if method == "POST" and self.url and not hops:
       self.history.append(self.url)  # a POST that renders (a form error) is a new entry, as in the browser
-    self.url = url if method == "GET" else url
+    self.url = url
     self.typed = {}
     self.page = pages.parse(reply.html)
     self.urls.append(self.full_url())

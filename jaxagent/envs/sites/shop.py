@@ -21,7 +21,7 @@ def _money(cents: int) -> str:
   return f"${cents // 100}.{cents % 100:02d}"
 
 
-def _sorted(products: list[catalog.Product], sort: str) -> list[catalog.Product]:
+def sorted_products(products: list[catalog.Product], sort: str) -> list[catalog.Product]:
   if sort == "price_asc":
     return sorted(products, key=lambda p: (p.price_cents, p.id))
   if sort == "price_desc":
@@ -151,7 +151,7 @@ def category(ctx: Ctx, cat: str) -> str | None:
     items = [p for p in items if p.brand == brand]
   if colour:
     items = [p for p in items if colour in p.colours]
-  items = _sorted(items, sort) if sort != "relevance" else _pert(ctx).shuffled(items, f"listing/{cat}")
+  items = sorted_products(items, sort) if sort != "relevance" else _pert(ctx).shuffled(items, f"listing/{cat}")
   path = f"shop/c/{cat}"
   params = {"brand": brand, "colour": colour, "sort": sort if sort != "relevance" else ""}
   shown, pages = _paged(ctx, items, path, params)
@@ -180,7 +180,7 @@ def search(ctx: Ctx) -> str:
   q = ctx.query.get("q", "")
   sort = ctx.query.get("sort", "relevance")
   sort = sort if sort in SORTS else "relevance"
-  items = _sorted(catalog.search_products(ctx.world, q), sort)
+  items = sorted_products(catalog.search_products(ctx.world, q), sort)
   params = {"q": q, "sort": sort if sort != "relevance" else ""}
   shown, pages = _paged(ctx, items, "shop/search", params)
   grid = f"<div class=grid>{''.join(_card(ctx, p) for p in shown)}</div>"

@@ -63,7 +63,7 @@ def _pair_part(i: int, j: int) -> str:
   return "a" if (i + j) % 3 == 1 else "b"
 
 
-def _order_split(i: int, j: int) -> str:
+def order_split(i: int, j: int) -> str:
   """shop_category_order's (category i, order j) pairs in a 4-fold Latin square: one pairing per category in
   test, one in the train part "b", two in "a", every order in each; a recipe can demonstrate part a (where each
   category comes with two orders, so the order must be read from the intent), collect offline data on part b and
@@ -97,15 +97,15 @@ STOP = {"op": "stop"}
 ACCEPT_COOKIES = click("#cookie-accept", "Accept cookies")
 
 
-def _find_product(p: catalog.Product) -> list[dict[str, Any]]:
+def find_product(p: catalog.Product) -> list[dict[str, Any]]:
   return [ACCEPT_COOKIES, type_("#q", p.name, enter=True), click(f"a[href$='/shop/p/{p.id}']", p.name)]
 
 
-def _find_thread(t: catalog.Thread) -> list[dict[str, Any]]:
+def find_thread(t: catalog.Thread) -> list[dict[str, Any]]:
   return [type_("#q", t.title, enter=True), click(f"a[href$='/forum/t/{t.id}']", t.title)]
 
 
-def _choose_options(p: catalog.Product, colour: str, size: str) -> list[dict[str, Any]]:
+def choose_options(p: catalog.Product, colour: str, size: str) -> list[dict[str, Any]]:
   steps = []
   if colour != p.colours[0]:
     steps.append(click(f"a.opt-colour[href*='colour={colour}']", colour))
@@ -118,7 +118,7 @@ def _options(rng: random.Random, p: catalog.Product) -> tuple[str, str]:
   return rng.choice(p.colours), (rng.choice(p.sizes) if p.sizes else "")
 
 
-def _describe(p: catalog.Product, colour: str, size: str) -> str:
+def describe(p: catalog.Product, colour: str, size: str) -> str:
   return f"the {p.name} in {colour}" + (f", size {size}" if size else "")
 
 
@@ -135,13 +135,13 @@ def _shows(check: dict[str, Any], page: str) -> dict[str, Any]:
 def shop_price(w, rng, p):
   return (f"What is the price of the {p.name} on Shoply?",
           _shows({"kind": "string_match", "must_include": [p.price]}, f"/shop/p/{p.id}"),
-          _find_product(p) + [answer(p.price)], "shop")
+          find_product(p) + [answer(p.price)], "shop")
 
 
 def shop_reviews(w, rng, p):
   return (f"How many customer reviews does the {p.name} have on Shoply?",
           _shows({"kind": "string_match", "exact_match": str(p.reviews)}, f"/shop/p/{p.id}"),
-          _find_product(p) + [answer(str(p.reviews))], "shop")
+          find_product(p) + [answer(str(p.reviews))], "shop")
 
 
 def shop_category_sort(w, rng, entity):
@@ -175,10 +175,10 @@ def shop_brand_filter(w, rng, entity):
 
 def shop_add_to_cart(w, rng, p):
   colour, size = _options(rng, p)
-  return (f"Add {_describe(p, colour, size)} to my cart on Shoply.",
+  return (f"Add {describe(p, colour, size)} to my cart on Shoply.",
           {"kind": "state_match", "checks": [{"path": "cart", "contains": {"product_id": p.id, "colour": colour,
                                                                             "size": size}}]},
-          _find_product(p) + _choose_options(p, colour, size) + [click("#add-to-cart", "Add to cart"), STOP], "shop")
+          find_product(p) + choose_options(p, colour, size) + [click("#add-to-cart", "Add to cart"), STOP], "shop")
 
 
 def shop_buy(w, rng, p):
@@ -186,9 +186,9 @@ def shop_buy(w, rng, p):
   name = rng.choice(PEOPLE)
   address = f"{rng.randint(1, 99)} {rng.choice(STREETS)}"
   order = {"name": name, "address": address, "items": {"product_id": p.id, "colour": colour, "size": size}}
-  return (f"Buy {_describe(p, colour, size)} on Shoply and ship it to {name}, {address}.",
+  return (f"Buy {describe(p, colour, size)} on Shoply and ship it to {name}, {address}.",
           {"kind": "state_match", "checks": [{"path": "orders", "contains": order}]},
-          _find_product(p) + _choose_options(p, colour, size) + [
+          find_product(p) + choose_options(p, colour, size) + [
               click("#add-to-cart", "Add to cart"), click("#checkout", "Proceed to checkout"),
               type_("#name", name), type_("#address", address), click("#place-order", "Place order", optional=True), STOP],
           "shop")
@@ -209,33 +209,33 @@ def shop_cheapest(w, rng, entity):
 def forum_author(w, rng, t):
   return (f"Who started the thread “{t.title}” on the Agora forum? Answer with the user name.",
           _shows({"kind": "string_match", "exact_match": t.author}, f"/forum/t/{t.id}"),
-          _find_thread(t) + [answer(t.author)], "forum")
+          find_thread(t) + [answer(t.author)], "forum")
 
 
 def forum_replies(w, rng, t):
   return (f"How many replies does the thread “{t.title}” on the Agora forum have?",
           _shows({"kind": "string_match", "exact_match": str(t.replies)}, f"/forum/t/{t.id}"),
-          _find_thread(t) + [answer(str(t.replies))], "forum")
+          find_thread(t) + [answer(str(t.replies))], "forum")
 
 
 def forum_location(w, rng, t):
   loc = w.users[t.author].location
   return (f"In which city does the user who started the Agora thread “{t.title}” live?",
           _shows({"kind": "string_match", "must_include": [loc]}, f"/forum/u/{t.author}"),
-          _find_thread(t) + [click(f"#post-1 a[href$='/forum/u/{t.author}']", t.author), answer(loc)], "forum")
+          find_thread(t) + [click(f"#post-1 a[href$='/forum/u/{t.author}']", t.author), answer(loc)], "forum")
 
 
 def forum_profile(w, rng, t):
   return (f"Open the profile page of the user who started the Agora thread “{t.title}”.",
           {"kind": "url_match", "url": f"/forum/u/{t.author}"},
-          _find_thread(t) + [click(f"#post-1 a[href$='/forum/u/{t.author}']", t.author), STOP], "forum")
+          find_thread(t) + [click(f"#post-1 a[href$='/forum/u/{t.author}']", t.author), STOP], "forum")
 
 
 def forum_reply(w, rng, t):
   msg = rng.choice(MESSAGES)
   return (f"Reply to the Agora thread “{t.title}” with the message “{msg}”.",
           {"kind": "state_match", "checks": [{"path": "replies", "contains": {"thread_id": t.id, "body": msg}}]},
-          _find_thread(t) + [type_("#reply-body", msg), click("#reply-submit", "Post reply"), STOP], "forum")
+          find_thread(t) + [type_("#reply-body", msg), click("#reply-submit", "Post reply"), STOP], "forum")
 
 
 def settings_toggle(w, rng, key):
@@ -255,7 +255,7 @@ def _entities(world: catalog.World) -> dict[str, tuple[Template, list[tuple[Any,
   threads = [(t, _split_of(t.id)) for t in world.threads]
   cats = sorted(catalog.CATEGORIES)
   sorts = [((c, s), _pair_split(i, j)) for i, c in enumerate(cats) for j, s in enumerate(SORT_KEYS)]
-  orders = [((c, s), "test" if _order_split(i, j) == "test" else "train") for i, c in enumerate(cats)
+  orders = [((c, s), "test" if order_split(i, j) == "test" else "train") for i, c in enumerate(cats)
             for j, s in enumerate(ORDER_KEYS)]
   brand_cats = [((c, b), _split_of(catalog.BRANDS.index(b) + 1)) for c in cats for b in sorted(
       {p.brand for p in world.products if p.category == c})]
@@ -302,7 +302,7 @@ def _part(template: str, entity, k: int) -> str:
     return _pair_part(sorted(catalog.CATEGORIES).index(cat), SORT_KEYS.index(sort))
   if template == "shop_category_order":
     cat, sort = entity
-    return _order_split(sorted(catalog.CATEGORIES).index(cat), ORDER_KEYS.index(sort))
+    return order_split(sorted(catalog.CATEGORIES).index(cat), ORDER_KEYS.index(sort))
   return "a" if k % 2 == 0 else "b"
 
 

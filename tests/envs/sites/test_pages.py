@@ -3,7 +3,6 @@ markup that breaks the link graph or an oracle's selector fails here, not in an 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
