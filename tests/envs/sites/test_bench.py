@@ -1,6 +1,7 @@
 """The sites benchmark: families, tiers, splits disjoint by parameter tuple, sizes, generation time, split specs."""
 
 import collections
+import json
 import time
 
 import pytest
@@ -145,3 +146,15 @@ def test_split_specs():
   assert bench.parse_split("web/headline@1/filter,cart") == ("web", "headline", 1, ("filter", "cart"))
   head = bench.tasks_for("web/headline/filter", SEED)
   assert head and {t.meta["family"] for t in head} == {"filter"}
+
+
+def test_a_malformed_benchmark_file_is_refused_naming_file_line_and_field(tmp_path):
+  path = tmp_path / "device_headline_L2.jsonl"
+  bench.write_split(str(tmp_path), "device/headline@2/filter", SEED)
+  lines = path.read_text().splitlines()
+  assert len(tasks.load_tasks(str(path))) == len(lines)
+  bad = json.loads(lines[1])
+  bad["meta"]["perturb"]["level"] = 5
+  path.write_text("\n".join([lines[0], json.dumps(bad)] + lines[2:]) + "\n")
+  with pytest.raises(tasks.TaskFileError, match=r"device_headline_L2.jsonl:2: field 'meta.perturb'.*perturb.level"):
+    tasks.load_tasks(str(path))

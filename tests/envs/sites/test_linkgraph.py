@@ -16,7 +16,8 @@ def judged(ep):
   return ProgrammaticJudge(fetch_state=lambda _: ep.state).evaluate(ep.task, ep.trajectory).success
 
 
-@pytest.mark.parametrize("profile,level", [("web", 0), ("device", 2), ("text", 1)])
+@pytest.mark.parametrize("profile,level", [pytest.param("web", 0, marks=pytest.mark.slow), ("device", 2),
+                                           pytest.param("text", 1, marks=pytest.mark.slow)])
 def test_the_expert_solves_every_headline_intent(profile, level):
   env = linkgraph.LinkEnv(0)
   failures = collections.Counter()
