@@ -45,8 +45,12 @@ def _run(task_json: dict[str, Any]) -> dict[str, Any]:
   try:
     traj = expert.run_episode(_worker["env"], _worker["policy"], task)
     verdict = evaluators.evaluate(task, traj)
-    return {"id": task.id, "template": task.template, "success": verdict.success, "reason": verdict.reason,
-            "steps": len(traj.steps), "seconds": time.time() - t0}
+    out = {"id": task.id, "template": task.template, "success": verdict.success, "reason": verdict.reason,
+           "steps": len(traj.steps), "seconds": time.time() - t0}
+    if verdict.success != 1.0:  # what happened, for the failure list
+      out["trace"] = [f"{s.url.split('/s/', 1)[-1]} | {s.action_text[:120]} | {s.info.get('error', '')}"
+                      for s in traj.steps]
+    return out
   except Exception as e:  # pylint: disable=broad-except  # a crash is a failure, recorded, not lost
     return {"id": task.id, "template": task.template, "success": 0.0, "reason": f"error: {e!r}", "steps": 0,
             "seconds": time.time() - t0}
