@@ -4,6 +4,7 @@
   task = episode_task(task)                   # bind a bundled-site task to a fresh session on it
   suites = generate(seed=0)                   # {"train": [...], "test": [...]} over the web/text/device profiles
   tasks = load_tasks("suite/web_test.jsonl")  # validated; errors name the line and field
+  bench.tasks_for("device/headline@2")       # the benchmark (`bench.py`, docs/benchmark.md)
 
 See README.md in this directory for the sites, the URL scheme and the suites' make-up.
 """

@@ -92,18 +92,17 @@ class Page:
   nodes: list[Node]
 
   def link_of(self, node: Node) -> Link | None:
-    for n in (node, *node.ancestors()):
-      for link in self.links:
-        if link.node is n:
-          return link
-    return None
+    """The link `node` is, or is inside (a span in a launcher icon)."""
+    return _enclosing(node, self.links)
 
   def form_of(self, node: Node) -> Form | None:
-    for n in (node, *node.ancestors()):
-      for form in self.forms:
-        if form.node is n:
-          return form
-    return None
+    """The form `node` is, or is inside (a button, a field)."""
+    return _enclosing(node, self.forms)
+
+
+def _enclosing(node: Node, owners):
+  by_node = {id(o.node): o for o in owners}
+  return next((by_node[id(n)] for n in (node, *node.ancestors()) if id(n) in by_node), None)
 
 
 class _Parser(html.parser.HTMLParser):
