@@ -68,6 +68,18 @@ def load_api_key(env_var: str = "OPENAI_API_KEY", key_file: str = "") -> str | N
   return None
 
 
+# Environment variables a child that needs no credentials (a browser) must not inherit: by name, or by value.
+_SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE)")
+
+
+def scrubbed_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+  """`environ` (default `os.environ`) without the variables that name or hold a secret: names like *_API_KEY,
+  *_TOKEN, *SECRET*, *PASSWORD*, *CREDENTIALS*, *AUTH*, *COOKIE*, and any value that is a registered or
+  key-shaped secret. What a browser gets, so `/proc/<pid>/environ` of Chromium holds no key."""
+  environ = dict(os.environ if environ is None else environ)
+  return {k: v for k, v in environ.items() if not _SECRET_NAME.search(k) and redact(v) == v}
+
+
 class RedactingFilter(logging.Filter):
   """A logging filter that redacts secrets from records (attach it to handlers that may see errors)."""
 

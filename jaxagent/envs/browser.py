@@ -51,6 +51,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import sync_playwright
 
+from jaxagent import secrets
 from jaxagent.envs import egress, tempdirs
 from jaxagent.envs import profiles as profiles_lib
 from jaxagent.envs.observers import OBSERVERS
@@ -307,7 +308,7 @@ class BrowserEnv:
     before = _browser_pids()
     args = [f for f in CHROMIUM_FLAGS if self.headless or f != "--headless"]
     self._browser = self._pw.chromium.launch(
-        headless=self.headless, args=args,
+        headless=self.headless, args=args, env=secrets.scrubbed_environ(),  # a browser needs no API key
         executable_path=self.executable_path or chromium_executable(self._pw))
     self._disconnected = False
     browser = self._browser  # a late event from a browser already replaced must not mark the new one

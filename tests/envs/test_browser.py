@@ -305,3 +305,28 @@ def test_killed_chromium_raises_then_reset_relaunches_and_close_leaves_nothing(s
   crash_env.close()
   assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
   assert not set(pids) & set(_chromium_children())
+
+
+def test_browsers_carry_no_secrets(site, monkeypatch):
+  """Chromium's processes get a scrubbed environment: no API key by name or by value, the rest kept."""
+  monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdef")
+  monkeypatch.setenv("JAXAGENT_PLAIN", "plain-value")
+  monkeypatch.setenv("INNOCENT_NAME", "sk-live-abcdefghijklmnop")  # a key under a harmless name
+  e = BrowserEnv(observation="som")
+  try:
+    e.reset(_task(site))
+    procs = [psutil.Process(e._browser_pid)] + psutil.Process(e._browser_pid).children(recursive=True)  # pylint: disable=protected-access
+    seen = 0
+    for p in procs:
+      try:
+        env = p.environ()
+      except (psutil.AccessDenied, psutil.NoSuchProcess):
+        continue
+      if "PATH" not in env:
+        continue  # Chromium's zygotes rewrite the memory behind their argv and environ for a process title
+      seen += 1
+      assert "OPENAI_API_KEY" not in env and "INNOCENT_NAME" not in env, p.cmdline()[:2]
+      assert env.get("JAXAGENT_PLAIN") == "plain-value"
+    assert seen >= 1  # the browser's own environment at least
+  finally:
+    e.close()
