@@ -79,7 +79,7 @@ def behaviour_tasks(train_b: Sequence[Task], n: int, seed: int) -> list[Task]:
 
 def play(env, policy, tasks: Sequence[Task], seed: int) -> list[dict[str, Any]]:
   rows = []
-  for k, task in enumerate(tasks):
+  for task in tasks:
     ep = linkgraph.run(env, policy, task, seed=episode_seed(task.id, seed))
     success, rubric = judge(ep)
     rows.append({"task": task.id, "family": task.meta["family"], "tier": task.meta["tier"], "success": success,

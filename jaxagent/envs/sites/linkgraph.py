@@ -175,6 +175,7 @@ class LinkEnv:
       self.history.append(self.url)  # a POST that renders (a form error) is a new entry, as in the browser
     self.url = url
     self.typed = {}
+    self.html = reply.html
     self.page = pages.parse(reply.html)
     self.urls.append(self.full_url())
 

@@ -40,7 +40,8 @@ def test_a_random_policy_stays_at_the_floor_on_tiers_2_and_3():
 
 
 def test_the_in_process_pages_are_the_servers_bytes():
-  """The expert's whole episode replayed against the real HTTP server gives the same page at every step."""
+  """The expert's whole episode (a level-2 `buy`: GETs, form posts, a pop-up or failure where drawn) replayed
+  against the real HTTP server, same session and perturbation: the same HTML at every step."""
   task = next(t for t in bench.generate(0, "web", 2, splits=("test_comb",))["test_comb"]
               if t.meta["family"] == "buy")
   task = dataclasses.replace(task, meta={**task.meta, "perturb": {**task.meta["perturb"], "seed": 3}})
@@ -49,18 +50,34 @@ def test_the_in_process_pages_are_the_servers_bytes():
 
   class Recording(linkgraph.LinkExpert):
     def act(self, env, acts, rng):
-      seen.append((env.url, env.page.text))
-      return super().act(env, acts, rng)
+      act = super().act(env, acts, rng)
+      seen.append((env.html, act, dict(env.typed)))
+      return act
 
   ep = linkgraph.run(env, Recording(), task, seed=0)
   assert judged(ep) == 1.0
   with server.SiteServer(port=0) as s:
     server.start_episode(s.base_url, linkgraph.SESSION, server.perturbation_of(task))
     client = httpx.Client(base_url=s.base_url, follow_redirects=True)
-    for (url, text), (_, act) in zip(seen, ep.steps):
-      assert pages.parse(client.get(f"{linkgraph.ROOT}{url}").text).text == text, url
-      if act.kind == "submit":  # replay the step's form on the server too
-        break
+    html = client.get(task.start_url.replace("__SITES__", linkgraph.ROOT)).text
+    typed = {}
+    for expected, act, typed_before in seen:
+      assert html == expected
+      if act.kind == "link":
+        html = client.get(linkgraph.ROOT + act.target).text
+      elif act.kind == "search":
+        html = client.get(linkgraph.ROOT + act.target, params={"q": act.text}).text
+      elif act.kind in ("type", "choose"):
+        typed = {**typed_before, act.target: act.text}
+      elif act.kind == "submit":
+        form = pages.parse(html).forms[act.form]
+        values = {f.name: typed.get(f.name, f.value) for f in form.fields
+                  if f.name and (f.type != "radio" or typed.get(f.name, f.value if f.checked else None) == f.value)}
+        html = client.post(linkgraph.ROOT + act.target, data=values).text
+        typed = {}
+      elif act.kind == "back":
+        raise AssertionError("the expert went back in this episode; replay BACK too")
+    assert server.fetch_state(s.base_url, linkgraph.SESSION)["orders"] == ep.state["orders"]
 
 
 def test_two_policies_meet_the_same_perturbations_in_one_episode():
