@@ -118,9 +118,8 @@ class MiniWoBEnv(BrowserEnv):
     if reward not in ("raw", "time_scaled"):
       raise ValueError(f"reward={reward!r}; use 'raw' (success = 1.0) or 'time_scaled' (MiniWoB's default)")
     kwargs.setdefault("idle_timeout_ms", 0)
-    super().__init__(profile=MINIWOB_PROFILE, observation=observation, **kwargs)
+    super().__init__(profile=MINIWOB_PROFILE, observation=observation, fresh_context=fresh_context, **kwargs)
     self.reward = reward
-    self.fresh_context = fresh_context
     self.reload_every = reload_every
     self._episodes_on_page = 0
     self.data_mode = data_mode

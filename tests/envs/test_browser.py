@@ -228,12 +228,48 @@ def test_answer_ends_episode_and_max_steps_truncate(env, site):
   assert done and info["truncated"]
 
 
-def test_fresh_context_per_episode_without_relaunch(env, site):
+_LEAVE_TRACES_JS = """async () => {
+  document.cookie = 'k=v; max-age=3600';
+  localStorage.setItem('k', 'v');
+  sessionStorage.setItem('k', 'v');
+  await new Promise((ok) => { const r = indexedDB.open('db'); r.onupgradeneeded = () => r.result.createObjectStore('s');
+                             r.onsuccess = () => { r.result.close(); ok(); }; });
+  await caches.open('c');
+  window.open('next.html');
+}"""
+_TRACES_JS = """async () => [document.cookie, localStorage.length, sessionStorage.length,
+  (await indexedDB.databases()).length, (await caches.keys()).length, history.length]"""
+
+
+@pytest.mark.parametrize("fresh_context", [False, True])
+def test_nothing_of_an_episode_is_visible_in_the_next(site, fresh_context):
+  """Cookies, local and session storage, IndexedDB, cache storage, back-history and open windows: gone at the
+  next reset, whether the context is kept (the default) or new; the browser is never relaunched."""
+  with BrowserEnv(observation="html", fresh_context=fresh_context) as env:
+    env.reset(_task(site))
+    pid, context = env.browser_pid, env._context
+    env.page.evaluate(_LEAVE_TRACES_JS)
+    env.page.goto(site + "next.html")
+    assert env.page.evaluate(_TRACES_JS) == ["k=v", 1, 1, 1, 1, 3]  # found (history: about:blank, index, next)
+    assert len(env._context.pages) == 2
+    obs = env.reset(_task(site))
+    assert env.page.evaluate(_TRACES_JS) == ["", 0, 0, 0, 0, 2]  # a new tab: about:blank, then the start page
+    assert len(env._context.pages) == 1 and obs.url == site + "index.html"
+    assert env.browser_pid == pid and (env._context is context) is not fresh_context
+    env.step(Action(ActionKind.BACK))  # no page of the last episode to go back to
+    assert env.page.url == site + "index.html"
+
+
+def test_a_task_on_another_profile_or_origin_gets_a_new_context(env, site):
   env.reset(_task(site))
-  pid = env.browser_pid
-  env.page.evaluate("localStorage.setItem('k', 'v')")
+  context = env._context
   env.reset(_task(site))
-  assert env.page.evaluate("localStorage.getItem('k')") is None and env.browser_pid == pid
+  assert env._context is context
+  env.reset(_task(site, "phone.html", profile="device"))
+  assert env._context is not context and env.page.evaluate("navigator.maxTouchPoints") > 0
+  context = env._context
+  env.reset(_task(site, "phone.html", profile="device", allowed_origins=(site.rstrip("/"), "http://127.0.0.1:1")))
+  assert env._context is not context
 
 
 def test_unreachable_start_url_is_a_clear_error(env):
