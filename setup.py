@@ -34,6 +34,7 @@ setup(
         "uvicorn",
         "python-multipart",  # form posts on the bundled sites (starlette Request.form)
         "httpx",
+        "selectolax>=1.0",  # the text backend parses the sites' pages as Chromium does (HTML5, lexbor)
         "gguf>=0.17",  # GGUF import (models/hf/gguf.py): SmolLM2 and other llama.cpp files
     ],
     extras_require={

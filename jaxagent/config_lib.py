@@ -127,7 +127,10 @@ def env_block(workers: int) -> ml_collections.ConfigDict:
       workers=workers, step_timeout=120.0, reset_timeout=120.0, errored_retries=2,
       # where the workers run: "subprocess" (this machine) | "ray" (Ray actors; "" = a local loopback instance);
       # sites_address: the address the bundled sites are served on ("" = 127.0.0.1; a fleet's machines must reach it)
-      backend="subprocess", ray_address="", sites_address=""))
+      backend="subprocess", ray_address="", sites_address="",
+      # what renders the bundled sites: "chromium" (the reference) | "text" (no browser: the server's pages
+      # simplified in-process, byte for byte Chromium's; simplified-HTML agents only, `envs/sites/text_env.py`)
+      browser="chromium"))
 
 
 def stage(steps: int, batch_size: int, lr: float, **optim) -> ml_collections.ConfigDict:

@@ -87,14 +87,19 @@ class Suite:
     return read_tasks(self.path)
 
 
-def env_spec(suite: Suite, tasks: list[types.Task], fmt: str, expert: bool, base_url: str) -> dict[str, Any]:
-  """The pool spec: MiniWoB, or the bundled sites at `base_url` (a server of the episodes' world)."""
+def env_spec(suite: Suite, tasks: list[types.Task], fmt: str, expert: bool, base_url: str,
+             browser: str = "chromium") -> dict[str, Any]:
+  """The pool spec: MiniWoB, or the bundled sites at `base_url` (a server of the episodes' world), rendered by
+  `browser` (chromium | text: `pipeline.rollout.BROWSERS`)."""
   observation = OBSERVATION.get(fmt, "screenshot")
   profile = suite.profile or (tasks[0].profile if tasks else "web")
   if profile == "miniwob":
     return {"kind": "miniwob", "observation": "som" if expert else observation}
-  spec = {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile, "observation": observation,
-          "base_url": base_url}
+  from jaxagent.pipeline.rollout import BROWSERS  # pylint: disable=g-import-not-at-top
+  if browser == "text" and observation != "html":
+    raise ValueError(f"--browser text renders WebRL's simplified HTML only; format {fmt!r} observes {observation!r} "
+                     "(use --format webrl, or --browser chromium)")
+  spec = {"kind": BROWSERS[browser], "profile": profile, "observation": observation, "base_url": base_url}
   if expert:
     from jaxagent.envs.sites.expert import FORMAT_OBSERVATION  # pylint: disable=g-import-not-at-top
     spec.update(observation=FORMAT_OBSERVATION[fmt], oracle_targets=True,
@@ -159,7 +164,7 @@ def evaluate(args) -> dict:
     world = world_of(suite, tasks, seed)
     server = None if world is None else SiteServer(seed=world).start()
     try:
-      spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "")
+      spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "", args.browser)
       trajs = rollout(spec, env, policy, episodes, store_dir, judge=ProgrammaticJudge(), name=str(args.policy),
                       progress=True)
       if suite.kind == "bench":
@@ -172,7 +177,7 @@ def evaluate(args) -> dict:
     all_trajs.append((seed, trajs, store_dir))
   headline = report.over_seeds(per_seed)
   results = {"policy": args.policy, "suite": args.suite, "format": args.format or "profile default",
-             "temperature": args.temperature, "episodes_per_seed": args.episodes,
+             "temperature": args.temperature, "episodes_per_seed": args.episodes, "browser": args.browser,
              "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
              "per_task": {str(k): v for k, v in tables.items()},
              **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {})}
@@ -232,6 +237,8 @@ def main(argv=None) -> None:
   p.add_argument("--max-tokens", type=int, default=128)
   p.add_argument("--max-batch", type=int, default=32)
   p.add_argument("--workers", type=int, default=2, help="browsers in the pool")
+  p.add_argument("--browser", default="chromium", choices=("chromium", "text"),
+                 help="what renders the bundled sites: Chromium, or the browser-free text backend (--format webrl)")
   p.add_argument("--base-url", default="", help="--policy openai: the server (default $OPENAI_BASE_URL)")
   p.add_argument("--model", default="", help="--policy openai: the model name")
   args = p.parse_args(argv)

@@ -84,3 +84,19 @@ def test_expert_on_the_benchmark_reports_families_and_rubric(tmp_path):
   results = json.load(open(os.path.join(out, "results.json")))
   fam = results["by_family"]["0"]
   assert fam["all"]["episodes"] == 2 and fam["all"]["success_rate"] == 1.0 and fam["all"]["rubric"] == 1.0
+
+
+def test_expert_on_the_text_backend_plays_every_intent_of_a_split(tmp_path):
+  """`--browser text`: no Chromium; the expert solves every buy intent of test_iid at level 2, each once."""
+  out = str(tmp_path / "text")
+  evaluate.main(["--policy", "expert", "--suite", "bench:web/test_iid@2/buy", "--format", "webrl",
+                 "--browser", "text", "--out", out, "--workers", "1"])
+  results = json.load(open(os.path.join(out, "results.json")))
+  fam = results["by_family"]["0"]
+  assert results["browser"] == "text" and fam["all"]["episodes"] == 10 and fam["all"]["success_rate"] == 1.0
+
+
+def test_text_backend_refuses_formats_that_see_the_screen(tmp_path):
+  with pytest.raises(ValueError, match="--browser text renders WebRL's simplified HTML only"):
+    evaluate.main(["--policy", "expert", "--suite", "bench:web/test_iid@0/buy", "--format", "webvoyager",
+                   "--browser", "text", "--out", str(tmp_path)])

@@ -427,6 +427,8 @@ class BrowserEnv:
       else:
         self._execute(action)
         self._settle()
+        if action.kind in (ActionKind.TYPE, ActionKind.KEY):
+          self._scroll_still()  # a space or an arrow key outside a text box scrolls the page, smoothly
     except ActionFailed as e:
       error, detail = str(e), str(e)
     except PlaywrightError as e:
@@ -645,6 +647,13 @@ class BrowserEnv:
       self._page.wait_for_timeout(20)
     self._wait_idle()
 
+  def _scroll_still(self) -> None:
+    try:
+      self._page.evaluate(_SCROLL_STILL_JS)
+    except PlaywrightError:
+      if not self.alive():
+        raise  # else the document is being replaced: there is nothing left to scroll
+
   def _switch_pages(self) -> bool:
     """Makes a newly opened page (or, if the active one closed, the last open one) active; True if it changed."""
     switched = False
@@ -769,9 +778,12 @@ class BrowserEnv:
         tag, typ = page.evaluate(
             "([x, y]) => { const el = document.elementFromPoint(x, y);"
             " return el ? [el.tagName.toLowerCase(), el.getAttribute('type')] : ['', null]; }", list(point))
-        if tag not in ("input", "textarea") or (tag == "input" and typ not in _TEXT_INPUT_TYPES):
+        textbox = tag == "textarea" or (tag == "input" and typ in _TEXT_INPUT_TYPES)
+        if not textbox:
           self._warning = TYPE_WARNING.format(tag=tag, type=typ)
         self._tap_or_click(*point)
+        if not textbox:  # a click that submits or follows a link: the keys go to the page it opens, not a race
+          self._settle()
         page.keyboard.press("Control+A")
         page.keyboard.press("Backspace")
       page.keyboard.type(action.text)

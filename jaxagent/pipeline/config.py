@@ -62,6 +62,9 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
   choices, lists = dict(choices), dict(lists)
   for key, allowed in choices.items():
     value = _get(config, key)
+    if key == "env.browser" and value == "text" and value not in allowed:
+      raise ConfigError("config.env.browser='text': the text backend renders WebRL's simplified HTML only, and this "
+                        "recipe's agent sees the screen or the accessibility tree; set --config.env.browser=chromium")
     if value not in allowed:
       raise ConfigError(f"config.{key}={value!r} is not one of {tuple(allowed)}; "
                         f"set --config.{key}={allowed[0]} (or another of those)")

@@ -33,11 +33,21 @@ ORDER = "order.txt"  # the task ids of the store's rollouts, one a line, in task
 _SHARD = re.compile(r"shard(\d+)")
 
 
+# config.env.browser -> the env that renders the bundled sites
+BROWSERS = {"chromium": "jaxagent.envs.sites.env:SiteEnv", "text": "jaxagent.envs.sites.text_env:SiteTextEnv"}
+
+
 def site_env(profile: str, observation: str, world_seed: int = 0, env=None, **options) -> dict[str, Any]:
   """The `EnvPool` spec of the bundled sites (`profile`: web | device | text) served for `world_seed`, on
   loopback or on `env.sites_address` (`config.env`: an address a Ray fleet's machines reach)."""
   host = (env.get("sites_address", "") if env is not None else "") or "127.0.0.1"
-  return {"kind": "jaxagent.envs.sites.env:SiteEnv", "profile": profile, "observation": observation,
+  browser = env.get("browser", "chromium") if env is not None else "chromium"
+  if browser not in BROWSERS:
+    raise ValueError(f"config.env.browser={browser!r} is not one of {tuple(BROWSERS)}")
+  if browser == "text" and observation != "html":
+    raise ValueError(f"config.env.browser='text' renders the simplified HTML only, not observation={observation!r}; "
+                     "set --config.env.browser=chromium")
+  return {"kind": BROWSERS[browser], "profile": profile, "observation": observation,
           "base_url": server.ensure_server(int(world_seed), host), **options}
 
 

@@ -43,6 +43,7 @@ from jaxagent.train.metrics import MetricWriter
 
 STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "filtered_bc", "eval")
 CHOICES = {
+    "env.browser": ("chromium",),
     "model.kind": ("vlm", "autoui"),
     "parse": ("faithful", "lenient"),
     "demos.split": ("train", "train_a", "train_b"),

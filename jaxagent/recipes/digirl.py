@@ -44,6 +44,7 @@ from jaxagent.train.metrics import MetricWriter
 
 STAGES = ("tasks", "il", "offline_data", "critics", "filtered_bc", "digirl_offline", "online", "eval")
 CHOICES = {
+    "env.browser": ("chromium",),
     "model.kind": ("vlm", "autoui"),
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),

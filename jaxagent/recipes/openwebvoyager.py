@@ -39,6 +39,7 @@ from jaxagent.proj.owv import data, explore
 from jaxagent.train.metrics import MetricWriter
 
 CHOICES = {
+    "env.browser": ("chromium",),
     "model.kind": ("vlm",),
     "teacher.kind": ("expert", "openai", "released"),
     "judge.kind": ("programmatic", "llm", "programmatic+llm"),

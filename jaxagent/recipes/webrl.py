@@ -55,6 +55,7 @@ from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper, weig
 from jaxagent.train.metrics import MetricWriter
 
 CHOICES = {
+    "env.browser": ("chromium", "text"),
     "model.kind": ("decoder",),
     "html": ("compact", "full"),
     "reward": ("orm", "judge"),
@@ -67,6 +68,10 @@ CHOICES = {
 
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work)."""
+  if config.env.browser == "text" and config.html != "compact":
+    raise ConfigError("config.env.browser='text' with config.html='full': the full HTML carries each element's "
+                      "box (data-bbox), which only a browser lays out; set --config.html=compact or "
+                      "--config.env.browser=chromium")
   if config.data.tokenizer == "demos" and config.model.hf_checkpoint:
     raise ConfigError(f"config.data.tokenizer='demos' fits a new vocabulary, which model.hf_checkpoint="
                       f"{config.model.hf_checkpoint!r}'s embeddings do not have; set --config.data.tokenizer='' "

@@ -10,8 +10,9 @@ import pytest
 from configs import digiq as digiq_config
 from configs import digirl as digirl_config
 from configs import openwebvoyager as owv_config
+from configs import webrl as webrl_config
 from jaxagent.pipeline.config import ConfigError, stage_config, validate
-from jaxagent.recipes import digiq, digirl
+from jaxagent.recipes import digiq, digirl, webrl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,6 +57,23 @@ def test_an_unknown_env_backend_is_refused_before_any_work():
   config.env.backend = "k8s"
   with pytest.raises(ConfigError, match=r"config.env.backend='k8s' is not one of \('subprocess', 'ray'\)"):
     validate(config, digirl.CHOICES)
+
+
+def test_the_text_backend_is_refused_where_the_agent_sees_the_screen_or_needs_boxes():
+  config = digirl_config.get_config(None)
+  config.env.browser = "text"
+  with pytest.raises(ConfigError, match=r"config.env.browser='text'.*set --config.env.browser=chromium"):
+    validate(config, digirl.CHOICES)
+  config = webrl_config.get_config(None)
+  config.env.browser = "text"
+  validate(config, webrl.CHOICES)
+  webrl.check_config(config)  # compact HTML: no field needs a layout
+  config.html = "full"
+  with pytest.raises(ConfigError, match="data-bbox"):
+    webrl.check_config(config)
+  config.env.browser = "firefox"
+  with pytest.raises(ConfigError, match=r"config.env.browser='firefox' is not one of \('chromium', 'text'\)"):
+    validate(config, webrl.CHOICES)
 
 
 def test_a_negative_policy_lag_is_refused_naming_the_key():

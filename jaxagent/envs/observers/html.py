@@ -18,9 +18,17 @@ def simplify(page, max_text: int = 200) -> tuple[str, list[Element]]:
 
 
 def live_bbox(page, index: int) -> tuple[float, float, float, float] | None:
-  """The current viewport bbox of `[data-label-id=index]`, scrolled into view first; None if it is gone."""
+  """The current viewport bbox of `[data-label-id=index]`, None if it is gone. An element whose centre is off
+  screen or under another element (a fixed banner) is scrolled to the middle of the viewport first, so the click
+  lands on what the id names whenever the page lets it."""
   return page.evaluate(
       """(i) => { const el = document.querySelector(`[data-label-id="${i}"]`);
                   if (!el) return null;
-                  el.scrollIntoView({block: 'nearest', inline: 'nearest'});
+                  const clear = () => {
+                    const r = el.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
+                    if (x < 0 || y < 0 || x >= window.innerWidth || y >= window.innerHeight) return false;
+                    const top = document.elementFromPoint(x, y);
+                    return !!top && (top === el || el.contains(top));
+                  };
+                  if (!clear()) el.scrollIntoView({block: 'center', inline: 'center'});
                   const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; }""", index)

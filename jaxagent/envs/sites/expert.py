@@ -215,7 +215,10 @@ class ScriptedExpert:
       x, y, w, h = target["bbox"]
       return Action(ActionKind.CLICK, x=round((x + w / 2) / width, 4), y=round((y + h / 2) / height, 4),
                     normalized=True)
-    element = match_element(obs.elements, target["bbox"], step.get("text", "") if op == "click" else "")
+    if "element" in target:  # the text backend names the element (it has no boxes to match)
+      element = next((e for e in obs.elements if e.index == target["element"]), None)
+    else:
+      element = match_element(obs.elements, target["bbox"], step.get("text", "") if op == "click" else "")
     if element is None:
       return None
     if op == "click":
