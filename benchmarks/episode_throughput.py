@@ -1,8 +1,8 @@
 """Episodes on the bundled sites: today's path (a new Chromium context per episode) against a kept context and
 against the browser-free text backend, in the same run.
 
-Workload, identical for every side: the scripted expert (WebRL's simplified HTML on the web profile; AutoUI taps
-on the phone) plays the same benchmark episodes (`bench:<profile>/test_comb@2`, perturbation level 2: pop-ups,
+Workload, identical for every side: the scripted expert (WebRL's simplified HTML in the desktop window without
+screenshots, the `text` profile its recipe uses; AutoUI taps on the phone) plays the same benchmark episodes (`bench:<profile>/test_comb@2`, perturbation level 2: pop-ups,
 failed pages, shuffles), collected through `pipeline.rollout` with the programmatic judge, as a recipe collects.
 Reported per profile, backend and worker count: episodes/s, steps/s and success; and each backend's reset
 latency in one env (median of `--resets`). The ratio is against `chromium-fresh` measured in the same run. The
@@ -30,8 +30,9 @@ from jaxagent.envs.sites import bench, expert, server
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline.rollout import BROWSERS, rollout
 
-# (profile, agent format, observation the expert acts through)
-PROFILES = {"web": ("webrl", "html"), "device": ("autoui", "som")}
+# env profile -> (agent format, observation the expert acts through, the benchmark profile the tasks come from):
+# WebRL's desktop window without screenshots (as its recipe runs), and the phone
+PROFILES = {"text": ("webrl", "html", "web"), "device": ("autoui", "som", "device")}
 # backend -> (config.env.browser, extra env options)
 BACKENDS = {"chromium-fresh": ("chromium", {"fresh_context": True}),
             "chromium": ("chromium", {}),
@@ -40,14 +41,14 @@ BACKENDS = {"chromium-fresh": ("chromium", {"fresh_context": True}),
 
 def spec_for(profile: str, backend: str, base_url: str) -> dict:
   browser, options = BACKENDS[backend]
-  _, observation = PROFILES[profile]
+  _, observation, _ = PROFILES[profile]
   extra = {"som_draw": False} if profile == "device" else {}
   return {"kind": BROWSERS[browser], "profile": profile, "observation": observation, "base_url": base_url,
           "oracle_targets": True, **extra, **options}
 
 
 def episodes(profile: str, n: int):
-  tasks = bench.tasks_for(f"{profile}/test_comb@2")
+  tasks = bench.tasks_for(f"{PROFILES[profile][2]}/test_comb@2")
   step = max(1, len(tasks) // n)
   return tasks[::step][:n]  # every family, the same episodes for every side
 
@@ -59,9 +60,9 @@ def bench_rollout(profile: str, backend: str, workers: int, n: int, base_url: st
   policy = expert.ScriptedExpert(PROFILES[profile][0])
   with tempfile.TemporaryDirectory() as store:
     rollout(spec_for(profile, backend, base_url), env_cfg, policy, tasks[:workers], os.path.join(store, "warm"),
-            judge=ProgrammaticJudge())  # browsers launched and pages compiled: not part of the figure
+            judge=ProgrammaticJudge(), name="warm")  # browsers launched and pages compiled: not part of the figure
     t0 = time.perf_counter()
-    trajs = rollout(spec_for(profile, backend, base_url), env_cfg, policy, tasks, os.path.join(store, "run"),
+    trajs = rollout(spec_for(profile, backend, base_url), env_cfg, policy, tasks, os.path.join(store, "run"), name=backend,
                     judge=ProgrammaticJudge())
     wall = time.perf_counter() - t0
   steps = sum(len(t.steps) for t in trajs)
@@ -91,7 +92,7 @@ def main() -> None:
   p.add_argument("--episodes", type=int, default=24)
   p.add_argument("--resets", type=int, default=15)
   p.add_argument("--workers", default="1,4")
-  p.add_argument("--profiles", default="web,device")
+  p.add_argument("--profiles", default="text,device")
   p.add_argument("--json", default="")
   args = p.parse_args()
   base_url = server.ensure_server(0)

@@ -157,8 +157,7 @@ def perturbation_of(task) -> perturb.Perturbation:
 
 
 def start_episode(base_url: str, session: str, pert: perturb.Perturbation, timeout: float = 10.0) -> None:
-  httpx.post(f"{base_url.rstrip('/')}/__episode__/{session}", json=pert.to_json(),
-             timeout=timeout).raise_for_status()
+  local_http.post(f"{base_url.rstrip('/')}/__episode__/{session}", timeout, json=pert.to_json())
 
 
 def world_seed(base_url: str, timeout: float = 10.0) -> int:
