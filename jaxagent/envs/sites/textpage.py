@@ -4,8 +4,9 @@ The bundled sites have no scripts, and what `html.js` reads from layout reduces,
 (`layout.CSS`), to rules that need no layout engine:
 - hidden: `display:none` only by the user-agent stylesheet (`hidden`, `<input type=hidden>`, `<head>`...);
 - a pointer cursor: `a[href]`, `button` and `.btn` set it, and every other element inherits its parent's;
-- sized (a box of non-zero width and height): a form control, an image, an element with rendered text, or one
-  the stylesheet gives padding or a border; an empty `<a>` and an `<option>` of a closed `<select>` are not.
+- sized (a box of non-zero width and height): a form control, an image, an element with rendered text, one the
+  stylesheet gives padding or a border, a list item with a marker; an empty `<a>` and an `<option>` of a closed
+  `<select>` are not.
 The one field that needs a layout engine is `data-bbox` (each element's box in the viewport): the page here
 carries none, which is why the text backend serves agent formats whose prompt drops it (WebRL's `compact`
 HTML) and why its actions name elements, never points. `tests/envs/sites/test_text_env.py` holds this to
@@ -40,12 +41,12 @@ BLOCKS = {"html", "body", "div", "p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", 
 CELLS = {"td", "th"}
 FLEX_CLASSES = {"app", "icon", "layout", "pager", "grid", "apps", "cats"}  # their children are blockified
 # JavaScript's \s: what `replace(/\s+/g, ' ')` and `trim()` treat as white space.
-_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-_SPACES = re.compile(f"[{_JS_SPACE}]+")
+_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff" + "".join(map(chr, range(0x2000, 0x200b)))
+_SPACES = re.compile(f"[{re.escape(_JS_SPACE)}]+")
 
 
 def _js_trim(s: str) -> str:
-  return s.strip(_JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200b)))))
+  return s.strip(_JS_SPACE)
 
 
 def _collapse(s: str) -> str:
@@ -96,8 +97,8 @@ def _own_pointer(node: LexborNode) -> bool:
 
 
 @dataclasses.dataclass
-class Form:
-  """A form's live state: what the page's controls hold now (what the user typed or chose)."""
+class Controls:
+  """What a page's controls hold now (what the user typed, ticked or chose), by node order."""
 
   values: dict[int, str] = dataclasses.field(default_factory=dict)  # control (by DOM order) -> value
   checked: dict[int, bool] = dataclasses.field(default_factory=dict)
@@ -134,7 +135,7 @@ class Page:
     self.tree = LexborHTMLParser(html)
     self.nodes: list[LexborNode] = [n for n in self.tree.root.traverse() if n.tag != "-text"]
     self._order = {n.mem_id: i for i, n in enumerate(self.nodes)}
-    self.live = Form()
+    self.live = Controls()
     self.labelled: dict[int, int] = {}  # html id -> node order, at the last `simplify`
 
   def order(self, node: LexborNode) -> int:
@@ -265,6 +266,8 @@ class Page:
     tag, classes = node.tag, _classes(node)
     if tag in BOXED_TAGS or classes & BOXED_CLASSES:
       return True
+    if tag == "li":  # a list item's marker is a line of its own, but `aside ul` has none
+      return not any(p.tag == "aside" for p in _ancestors(node))
     for p in _ancestors(node):
       for cls, tags in BOXED_IN.items():
         if tag in tags and cls in _classes(p):
@@ -292,8 +295,10 @@ class Page:
     """`innerText` to within white space (the caller collapses it): rendered text, blocks and cells apart."""
     if node.tag == "-text":
       return _text(node)
-    if _is_hidden(node) or node.tag in ("select", "textarea", "input"):
+    if _is_hidden(node) or node.tag in ("textarea", "input"):
       return ""
+    if node.tag == "select":  # its options' texts, one a line
+      return " " + " ".join(option_text(o) for o in options_of(node)) + " "
     parts = [self._inner_text(c) for c in node.iter(include_text=True)]
     parent = node.parent
     flex_item = parent is not None and (parent.tag == "header" or _classes(parent) & FLEX_CLASSES)
