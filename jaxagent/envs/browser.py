@@ -206,6 +206,18 @@ def _browser_pids() -> set[int]:
   return pids
 
 
+def blocked_message(blocked: list[str], origins: tuple[str, ...]) -> str:
+  """The observation's error after navigations outside the task's origins ("" if none)."""
+  if not blocked:
+    return ""
+  return f"Navigation to {blocked[-1]} was blocked: this task may only visit {', '.join(origins)}.\n"
+
+
+def types_as_text(tag: str, type_attr: str | None) -> bool:
+  """WebVoyager's text-box test for a typing target (its `type` attribute as written); else it warns."""
+  return tag == "textarea" or (tag == "input" and type_attr in _TEXT_INPUT_TYPES)
+
+
 def origin_of(url: str) -> str:
   p = urllib.parse.urlsplit(url)
   return f"{p.scheme}://{p.netloc}"
@@ -587,10 +599,7 @@ class BrowserEnv:
     self._goto(self._last_allowed_url or self._task.start_url)
 
   def _blocked_message(self) -> str:
-    if not self._blocked:
-      return ""
-    return (f"Navigation to {self._blocked[-1]} was blocked: this task may only visit "
-            f"{', '.join(self._origins)}.\n")
+    return blocked_message(self._blocked, self._origins)
 
   def _goto(self, url: str) -> None:
     blocked = len(self._blocked)
@@ -778,7 +787,7 @@ class BrowserEnv:
         tag, typ = page.evaluate(
             "([x, y]) => { const el = document.elementFromPoint(x, y);"
             " return el ? [el.tagName.toLowerCase(), el.getAttribute('type')] : ['', null]; }", list(point))
-        textbox = tag == "textarea" or (tag == "input" and typ in _TEXT_INPUT_TYPES)
+        textbox = types_as_text(tag, typ)
         if not textbox:
           self._warning = TYPE_WARNING.format(tag=tag, type=typ)
         self._tap_or_click(*point)

@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxagent.envs.browser import BrowserEnv
 from jaxagent.envs.sites import server as server_lib
-from jaxagent.envs.sites.expert import DEAL, INTERRUPTS
+from jaxagent.envs.sites.expert import target_selectors
 from jaxagent.types import Observation, Task
 
 # For each selector: the first matching element that is rendered, its viewport box, whether another element
@@ -74,7 +74,7 @@ class SiteEnv(BrowserEnv):
       obs.extra["session"] = task.meta["session"]
       obs.extra["state_url"] = task.meta["state_url"]
     if self.oracle_targets and task is not None and task.oracle:
-      selectors = sorted({s["selector"] for s in task.oracle if "selector" in s} | set(INTERRUPTS) | {DEAL})
+      selectors = target_selectors(task.oracle)
       found = self._page.evaluate(_TARGETS_JS, selectors)
       obs.extra["oracle"] = task.oracle
       obs.extra["oracle_targets"] = found["targets"]

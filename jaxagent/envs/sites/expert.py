@@ -29,6 +29,13 @@ DONE_TEXT = "Done."
 # Cleared before the oracle's next step: a perturbed episode's interstitial and its transient error page.
 INTERRUPTS = ("#popup-close", "#retry")
 DEAL = "#deal"  # the risky shortcut a perturbed episode may offer (the expert never takes it)
+
+
+def target_selectors(oracle: Sequence[dict[str, Any]]) -> list[str]:
+  """The selectors whose targets an env reports for the expert: the oracle's, the interrupts and the deal."""
+  return sorted({s["selector"] for s in oracle if "selector" in s} | set(INTERRUPTS) | {DEAL})
+
+
 _SESSION_PATH = re.compile(r"^https?://[^/]+/s/[^/]+(/.*)$")
 
 

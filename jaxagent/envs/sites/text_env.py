@@ -22,10 +22,11 @@ import httpx
 from selectolax.lexbor import LexborNode
 
 from jaxagent.envs import profiles as profiles_lib
-from jaxagent.envs.browser import FAIL_OBS, TYPE_WARNING, _TEXT_INPUT_TYPES
+from jaxagent.envs import egress
+from jaxagent.envs.browser import FAIL_OBS, TYPE_WARNING, _TEXT_INPUT_TYPES, blocked_message, types_as_text
 from jaxagent.envs.sites import server as server_lib
 from jaxagent.envs.sites import textpage
-from jaxagent.envs.sites.expert import DEAL, INTERRUPTS
+from jaxagent.envs.sites.expert import target_selectors
 from jaxagent.types import Action, ActionKind, Observation, Task
 
 # Inputs whose Enter submits a form that has no submit button, when the form has exactly one of them (HTML
@@ -49,7 +50,14 @@ def _type_of(node: LexborNode) -> str:
 
 
 def _is_textbox(node: LexborNode) -> bool:
+  """What typed keys go into: a text area or a text-like input, one without a `type` included (the warning's
+  stricter rule, `types_as_text`, is WebVoyager's)."""
   return node.tag == "textarea" or (node.tag == "input" and (_type_of(node) or "text") in _TEXT_INPUT_TYPES)
+
+
+def _is_submit(node: LexborNode) -> bool:
+  return ((node.tag == "button" and _type_of(node) in ("", "submit"))
+          or (node.tag == "input" and _type_of(node) in ("submit", "image")))
 
 
 def _ancestors_or_self(node: LexborNode):
@@ -85,6 +93,7 @@ class SiteTextEnv:
     self._page: textpage.Page | None = None
     self._url = ""
     self._focus: int | None = None  # node order of the focused control
+    self._warning = ""
     self._steps, self._done = 0, True
 
   # ------------------------------------------------------------------------------------------- protocol
@@ -121,8 +130,7 @@ class SiteTextEnv:
     done = action.ends_episode
     truncated = not done and self._steps >= self._task.max_steps
     obs = self._observe()
-    error = error or (f"Navigation to {blocked[0]} was blocked: it is outside the allowed origins "
-                      f"{list(self._task.allowed_origins)}." if blocked else "")
+    error = error or blocked_message(blocked, tuple(self._task.allowed_origins))
     obs.error = error
     if self._warning:
       obs.extra["warning"] = self._warning
@@ -183,7 +191,7 @@ class SiteTextEnv:
     self._history[target] = self._url
 
   def _allowed(self, url: str) -> bool:
-    return any(url == o or url.startswith(o.rstrip("/") + "/") for o in self._task.allowed_origins)
+    return egress.allowed(url, self._task.allowed_origins)
 
   def _goto(self, url: str) -> list[str]:
     url = urllib.parse.urljoin(self._url, url)
@@ -258,7 +266,7 @@ class SiteTextEnv:
         if tag == "input" and typ == "radio":
           self._check_radio(n)
           return []
-        if (tag == "button" and typ in ("", "submit")) or typ in ("submit", "image"):
+        if _is_submit(n):
           form = self._form_of(n)
           return self._submit(form, n) if form is not None else []
         return []
@@ -275,11 +283,10 @@ class SiteTextEnv:
     page = self._page
     if action.element is not None:
       node = self._node(action)
-      if not (node.tag == "textarea" or (node.tag == "input" and node.attributes.get("type") in _TEXT_INPUT_TYPES)):
+      if not types_as_text(node.tag, node.attributes.get("type")):
         self._warning = TYPE_WARNING.format(tag=node.tag, type=node.attributes.get("type"))
-      url = self._url
       blocked = self._click(node)
-      if self._url != url or page is not self._page:
+      if self._page is not page:
         return blocked  # the click navigated: the keys go to the new page's body
     focused = page.nodes[self._focus] if self._focus is not None else None
     if focused is not None and _is_textbox(focused):
@@ -294,7 +301,7 @@ class SiteTextEnv:
     if focused.tag == "textarea":
       page.live.values[self._focus] = page.value(focused) + "\n"
       return []
-    if focused.tag == "button" or (focused.tag == "input" and _type_of(focused) in ("submit", "image")):
+    if focused.tag == "button" or _is_submit(focused):
       return self._click(focused)
     if focused.tag != "input" or (_type_of(focused) or "text") not in _BLOCKS_IMPLICIT | {"checkbox", "radio"}:
       return []
@@ -302,16 +309,14 @@ class SiteTextEnv:
     if form is None:
       return []
     controls = self._controls(form)
-    submit = next((c for c in controls if (c.tag == "button" and _type_of(c) in ("", "submit"))
-                   or (c.tag == "input" and _type_of(c) in ("submit", "image"))), None)
+    submit = next((c for c in controls if _is_submit(c)), None)
     if submit is not None:
       return [] if submit.attributes.get("disabled") is not None else self._submit(form, submit)
     blocking = [c for c in controls if c.tag == "input" and (_type_of(c) or "text") in _BLOCKS_IMPLICIT]
     return self._submit(form, None) if len(blocking) == 1 else []
 
   def _select(self, node: LexborNode, text: str) -> list[str]:
-    select = node if node.tag == "select" else next(
-        (n for n in _ancestors_or_self(node) if n.tag == "select"), None) or next(
+    select = next((n for n in _ancestors_or_self(node) if n.tag == "select"), None) or next(
         (n for n in node.traverse() if n.tag == "select"), None)
     if select is None:
       raise _Failed()
@@ -394,7 +399,7 @@ class SiteTextEnv:
     obs.extra["session"] = task.meta["session"]
     obs.extra["state_url"] = task.meta["state_url"]
     if self.oracle_targets and task.oracle:
-      selectors = sorted({s["selector"] for s in task.oracle if "selector" in s} | set(INTERRUPTS) | {DEAL})
+      selectors = target_selectors(task.oracle)
       obs.extra["oracle"] = task.oracle
       obs.extra["oracle_targets"] = {sel: page.target(sel) for sel in selectors}
       obs.extra["scroll"] = (0, 0)

@@ -16,6 +16,7 @@ Chromium's output byte for byte on every page type of every site at every pertur
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
@@ -34,7 +35,7 @@ REPLACED = {"input", "button", "select", "textarea", "img", "iframe", "video", "
 # Elements the sites' stylesheet gives padding, a border or a size (any one makes an empty box non-zero).
 BOXED_CLASSES = {"card", "post", "notice", "error", "btn", "icon", "cur"}
 BOXED_TAGS = {"header", "main", "footer", "aside", "th", "td", "button"}
-BOXED_IN = {"pager": {"a", "span"}, "chips": {"a", "span"}, "cats": {"nav"}}
+BOXED_IN = {"pager": {"a", "span"}, "chips": {"a", "span"}}
 # Block-level boxes: innerText puts a line break around them (collapsed to a space below).
 BLOCKS = {"html", "body", "div", "p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "table", "tr", "form",
           "nav", "header", "footer", "main", "section", "article", "aside", "dialog", "label"}
@@ -186,7 +187,7 @@ class Page:
     actions (`node_of`)."""
     elements: list[Element | None] = []
     self.labelled = {}
-    sized = self._sizes()
+    sized = self._sized
 
     def emit(node: LexborNode, parent_pointer: bool) -> str:
       tag = node.tag
@@ -226,8 +227,10 @@ class Page:
     html = emit(self.tree.root, False)
     return html, elements
 
-  def _sizes(self) -> dict[int, bool]:
-    """Whether each element's box has a non-zero width and height (see the module doc), by `mem_id`."""
+  @functools.cached_property
+  def _sized(self) -> dict[int, bool]:
+    """Whether each element's box has a non-zero width and height (see the module doc), by `mem_id`: the page's
+    structure decides it, not what its controls hold, so once per page."""
     out: dict[int, bool] = {}
 
     def visit(node: LexborNode) -> bool:
@@ -308,7 +311,7 @@ class Page:
   def target(self, selector: str) -> dict | None:
     """What `SiteEnv` reports for an oracle selector: its first rendered match (no box: there is no layout),
     and `element`, the html id an action names it by: its own, a descendant's, else an ancestor's."""
-    sized = self._sizes()
+    sized = self._sized
     by_order = {order: index for index, order in self.labelled.items()}
     for node in self.tree.css(selector):
       if not sized.get(node.mem_id):

@@ -40,7 +40,8 @@ def chrome(site):
 
 
 class RandomActions:
-  """Uniform over action kinds, then over elements and texts: what a policy that has learned nothing does."""
+  """Uniform over action kinds, then over elements and texts: what a policy that has learned nothing does (and a
+  navigation off the site, which WebRL cannot write but the env must refuse alike)."""
 
   TEXTS = ("shoes", "Ada Lovelace", "42 Main St", "red", "xyz", "")
 
@@ -51,7 +52,7 @@ class RandomActions:
     rng, elements = self.rng, obs.elements
     element = rng.choice(elements).index if elements else None
     kind = rng.choice(["click", "click", "click", "type", "type", "select", "back", "forward", "key", "scroll",
-                       "hover", "home", "bad"])
+                       "hover", "home", "bad", "away"])
     if kind == "click":
       return Action(ActionKind.CLICK, element=element), ""
     if kind == "type":
@@ -64,6 +65,8 @@ class RandomActions:
       return Action(ActionKind.SCROLL, direction=rng.choice(["down", "up"])), ""
     if kind == "hover":
       return Action(ActionKind.HOVER, element=element), ""
+    if kind == "away":  # outside the task's origins: blocked, with the same error
+      return Action(ActionKind.GOTO, url="http://example.invalid/elsewhere"), ""
     if kind == "bad":
       return Action(ActionKind.CLICK, element=len(elements) + 5), ""
     return Action({"back": ActionKind.BACK, "forward": ActionKind.FORWARD, "home": ActionKind.HOME}[kind]), ""
