@@ -12,7 +12,7 @@ Variants (`configs/il.py:<name>`):
          (`--config.model.hf_checkpoint=DIR`); needs accelerators.
 
 `--config.model.hf_checkpoint=DIR` also takes a Qwen2.5-VL directory, at a fixed resolution: every image resized to
-`data.image_size` rounded to a multiple of patch × merge (28 px), `(side / 28)²` tokens (`data/qwen_vl.py`).
+`data.image_size` rounded to a multiple of patch × merge (28 px), `(side / 28)²` tokens (`models/qwen_vl.py`).
 """
 
 from __future__ import annotations

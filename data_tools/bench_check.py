@@ -124,7 +124,7 @@ def check(level: int = 2, episodes: int = 1600, control_episodes: int = 25, seed
       f"({time.time() - t0:.0f} s)")
   policies = {"expert": linkgraph.LinkExpert(), "noisy": linkgraph.NoisyLinkPolicy(epsilon, stop_prob, shortcut),
               "random": linkgraph.RandomLinkPolicy(),
-              **{m: tabular.TabularPolicy(tables, m) for m in tabular.TabularPolicy.MODES}}
+              **{m: tabular.TabularActor(tables, m) for m in tabular.TabularActor.MODES}}
   results: dict[str, Any] = {"level": level, "seed": seed, "behaviour": {
       "episodes": len(data), "epsilon": epsilon, "stop_prob": stop_prob, "shortcut": shortcut,
       "success_by_family": {f: 100 * successes[f, 1.0] / max(1, successes[f, 1.0] + successes[f, 0.0])

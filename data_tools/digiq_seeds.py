@@ -33,7 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxagent.pipeline import device  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.finetune import finetune  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.pipeline.evaluate import evaluate_actors  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.pipeline.stages import Stages  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxagent.pipeline.tasks import test_episodes  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxagent.recipes import digiq  # noqa: E402  pylint: disable=g-import-not-at-top
 
 DATA_STAGES = ("tasks", "il", "behaviour", "candidates", "representation")
@@ -60,7 +62,8 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
   elif control == "demos":
     def demos_actor(out):
       items = [dict(it, weight=float(config.actor.il_weight)) for it in device.demo_samples(seed_dir)]
-      finetune(digiq.actor_config(config), out, items, init_from=os.path.join(seed_dir, "il"))
+      finetune(digiq.actor_config(config), out, items, agent=device.actor_format(config),
+               init_from=os.path.join(seed_dir, "il"))
       return {"il_samples": len(items)}
     summary["actor"] = stages.run("actor", demos_actor)
   else:
@@ -68,8 +71,9 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
     summary["actor"] = stages.run("actor", lambda out: digiq.stage_actor(config, seed_dir, out))
   actor_dir = os.path.join(seed_dir, "actor")
   model_dir = actor_dir if os.path.isdir(os.path.join(actor_dir, "checkpoints")) else os.path.join(seed_dir, "il")
-  summary["eval"] = stages.run("eval", lambda out: digiq.evaluate(
-      config, seed_dir, os.path.join(out, "actor"), "digiq_actor", model_dir, float(config.eval.temperature)))
+  summary["eval"] = stages.run("eval", lambda out: evaluate_actors(
+      config, {"actor": model_dir}, test_episodes(config, seed_dir), out, env_spec=device.env_spec(config),
+      gamma=float(config.critic.gamma))["actor"])
   return summary
 
 

@@ -98,7 +98,7 @@ def main(argv=None) -> dict:
   if args.relabel:
     samples += relabel(train, device.suite(args.workdir, "train"), args.relabel, int(config.seed))
   items = [orm.orm_sample(t, ok, f"orm-{i}") for i, (t, ok) in enumerate(samples)]
-  held_out = webrl.train_orm(config, args.workdir, args.out, items, val, from_policy=not args.from_checkpoint)
+  held_out = orm.train(config, args.workdir, args.out, items, val, from_policy=not args.from_checkpoint)
   texts = {it["conversations"][0]["value"] for it in items}
   fresh = [t for t in val if orm.orm_text(t) not in texts]
   result = {"train_samples": len(items), "train_positive": sum(ok for _, ok in samples), "held_out": held_out,

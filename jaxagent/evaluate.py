@@ -4,16 +4,17 @@ seeds, a per-task table, mean steps, `results.json` and an HTML report of the tr
     python -m jaxagent.evaluate --policy W/actor --suite sites:device/test --episodes 100 --seeds 0,1,2 --out E
     python -m jaxagent.evaluate --policy expert --suite sites:web/test/shop_price,forum_author --out E
     python -m jaxagent.evaluate --policy openai --model M --base-url http://host:8000/v1 --suite miniwob:click-button
-    python -m jaxagent.evaluate --policy W/il --suite file:tasks.jsonl --format autoui --out E
+    python -m jaxagent.evaluate --policy W/il --suite file:W/tasks/test.jsonl --out E
     python -m jaxagent.evaluate --policy expert --suite bench:device/headline@2 --seeds 0,1,2 --out E
 
-`--policy`: a checkpoint directory (a recipe stage, a training workdir, an export, a HF directory, `smollm2`),
+`--policy`: a checkpoint directory (a recipe stage, a training workdir, an export, a HF directory, `smollm2`;
+a recipe-trained actor acts as its `agent.json` records: the format, its options, the parse rule),
 `expert` (the bundled sites' scripted expert) or `openai` (an OpenAI-compatible server: `--base-url`,
 `--model`, key from $OPENAI_API_KEY). `--suite`: `sites:PROFILE/SPLIT[/FAMILY,...]` (the bundled sites' tasks of
 one profile, split and template families, generated for each seed's world), `bench:PROFILE/SPLIT[@LEVEL][/FAMILY,...]`
 (the sites benchmark, `jaxagent/envs/sites/bench.py`: SPLIT may be `headline`; every intent once by default, the
 success and the subgoal rubric per family beside the total), `miniwob:TASK,...` (MiniWoB++ tasks, one episode seed
-per draw), or `file:TASKS.jsonl`. Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
+per draw), or `file:TASKS.jsonl` (each line once, under its own id, unless `--episodes` draws from them). Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
 own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
@@ -31,7 +31,8 @@ from jaxagent import types
 # The agent format a profile's policies speak by default, and the observation each needs.
 PROFILE_FORMAT = {"device": "autoui", "web": "webvoyager", "text": "webrl", "miniwob": "webvoyager"}
 OBSERVATION = {"autoui": "screenshot", "webvoyager": "som", "webvoyager_text": "a11y",
-               "webvoyager_actree_image": "a11y", "openwebvoyager": "a11y", "webrl": "html"}
+               "webvoyager_actree_image": "a11y", "openwebvoyager": "a11y", "openwebvoyager_compact": "a11y",
+               "webrl": "html"}
 
 
 @dataclasses.dataclass
@@ -121,6 +122,16 @@ def _file_world(tasks: list[types.Task]) -> int:
   return seeds.pop()
 
 
+def actor_format(args) -> str:
+  """The format a checkpoint directory's actor acts in (its `agent.json`), or "" when it records none."""
+  if args.policy in ("expert", "openai") or args.format or not os.path.isdir(args.policy):
+    return ""
+  from jaxagent.agents import spec  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.checkpoint import workdir_of  # pylint: disable=g-import-not-at-top
+  recorded = spec.read(workdir_of(args.policy))
+  return recorded["format"] if recorded else ""
+
+
 def make_policy(args, fmt: str, seed: int):
   if args.policy == "expert":
     from jaxagent.envs.sites.expert import ScriptedExpert  # pylint: disable=g-import-not-at-top
@@ -131,59 +142,66 @@ def make_policy(args, fmt: str, seed: int):
       raise ValueError("--policy openai needs --model (and --base-url for a server other than OpenAI's)")
     return OpenAIPolicy({"base_url": args.base_url, "model": args.model, "agent_format": fmt,
                          "temperature": args.temperature, "max_tokens": args.max_tokens, "seed": seed})
-  from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
-  loaded = load_policy(args.policy)
-  if fmt == "autoui":  # the phone recipes' own prompt (the training render of the AutoUI turn)
-    from jaxagent.pipeline import device  # pylint: disable=g-import-not-at-top
-    from jaxagent.pipeline.policy import VLMPolicy  # pylint: disable=g-import-not-at-top
-    return VLMPolicy(loaded, device.PARSERS[args.parse], device.prompt_fn, temperature=args.temperature,
-                     max_tokens=args.max_tokens, max_batch=args.max_batch, seed=seed)
-  from jaxagent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
-  return ModelPolicy(loaded, fmt, temperature=args.temperature, max_tokens=args.max_tokens)
+  from jaxagent.pipeline.policy import load  # pylint: disable=g-import-not-at-top
+  recorded = actor_format(args) == fmt  # the actor's own agent.json, options and parse rule included
+  return load(args.policy, temperature=args.temperature, seed=seed, max_tokens=args.max_tokens,
+              max_batch=args.max_batch, fmt=None if recorded else fmt,
+              parse=args.parse or (None if recorded else "faithful"))
 
 
 def evaluate(args) -> dict:
   from jaxagent.envs.sites.server import SiteServer  # pylint: disable=g-import-not-at-top
   from jaxagent.judges.evaluators import ProgrammaticJudge  # pylint: disable=g-import-not-at-top
   from jaxagent.pipeline import report  # pylint: disable=g-import-not-at-top
-  from jaxagent.pipeline.rollout import rollout  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.evaluate import evaluate_actors, write_results  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.rollout import stored_by_id  # pylint: disable=g-import-not-at-top
+  from jaxagent.data.store import TrajectoryStore  # pylint: disable=g-import-not-at-top
   from jaxagent.pipeline.tasks import draw_episodes  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
   suite = Suite.parse(args.suite)
-  env = ml_collections.ConfigDict({"workers": args.workers, "step_timeout": 60.0, "reset_timeout": 90.0,
-                                   "errored_retries": 2})
+  config = ml_collections.ConfigDict({
+      "env": {"workers": args.workers, "step_timeout": 60.0, "reset_timeout": 90.0, "errored_retries": 2},
+      "train": {"progress_bar": True}, "eval": {"temperature": args.temperature, "seed": 0}})
   per_seed, tables, all_trajs, by_family = {}, {}, [], {}
   for seed in args.seeds:
     tasks = suite.tasks(seed)
-    fmt = args.format or PROFILE_FORMAT.get(suite.profile or (tasks[0].profile if tasks else "web"), "webvoyager")
-    episodes = draw_episodes(tasks, args.episodes or len(tasks), seed, tag=f"eval{seed}.")
-    store_dir = os.path.join(args.out, f"seed{seed}", "episodes")
+    fmt = args.format or actor_format(args) or PROFILE_FORMAT.get(
+        suite.profile or (tasks[0].profile if tasks else "web"), "webvoyager")
+    if suite.kind == "file" and not args.episodes:  # a file of episodes (a recipe's test.jsonl) is played as is
+      episodes = tasks
+    else:
+      episodes = draw_episodes(tasks, args.episodes or len(tasks), seed, tag=f"eval{seed}.")
     policy = make_policy(args, fmt, seed)
     print(f"seed {seed}: {len(episodes)} episodes of {len(tasks)} tasks ({args.suite}), format {fmt}", flush=True)
     world = world_of(suite, tasks, seed)
     server = None if world is None else SiteServer(seed=world).start()
+    judge = ProgrammaticJudge()
     try:
       spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "", args.browser)
-      trajs = rollout(spec, env, policy, episodes, store_dir, judge=ProgrammaticJudge(), name=str(args.policy),
-                      progress=True)
-      if suite.kind == "bench":
-        by_family[seed] = family_table(trajs, ProgrammaticJudge())
+      extra = (lambda name, p, trajs: {"by_family": family_table(trajs, judge)}) if suite.kind == "bench" else None
+      seed_dir = os.path.join(args.out, f"seed{seed}")
+      result = evaluate_actors(config, {"episodes": policy}, episodes, seed_dir, env_spec=spec, judge=judge,
+                               seed=seed, extra=extra)["episodes"]
     finally:
       if server is not None:
         server.stop()
+    if "by_family" in result:
+      by_family[seed] = result["by_family"]
+    store_dir = os.path.join(seed_dir, "episodes")
+    by_id = stored_by_id(TrajectoryStore(store_dir))
+    trajs = [by_id[t.id] for t in episodes if t.id in by_id]
     per_seed[seed] = report.summary(trajs)
     tables[seed] = report.per_task(trajs)
     all_trajs.append((seed, trajs, store_dir))
   headline = report.over_seeds(per_seed)
-  results = {"policy": args.policy, "suite": args.suite, "format": args.format or "profile default",
-             "temperature": args.temperature, "episodes_per_seed": args.episodes, "browser": args.browser,
-             "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
+  results = {"policy": args.policy, "suite": args.suite, "format": args.format or actor_format(args) or
+             "profile default", "temperature": args.temperature, "episodes_per_seed": args.episodes,
+             "browser": args.browser, "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
              "per_task": {str(k): v for k, v in tables.items()},
              **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {})}
   os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
+  results = write_results(os.path.join(args.out, "results.json"), results)
   for seed, trajs, root in all_trajs:
     report.html_report(os.path.join(args.out, f"seed{seed}", "report.html"), f"{args.policy} on {args.suite}, "
                        f"seed {seed}: {100 * per_seed[seed]['success_rate']:.1f} %", trajs, root)
@@ -228,11 +246,13 @@ def main(argv=None) -> None:
   p.add_argument("--suite", required=True,
                  help="sites:PROFILE/SPLIT[/FAMILIES], bench:PROFILE/SPLIT[@LEVEL][/FAMILIES], miniwob:TASKS or file:PATH")
   p.add_argument("--episodes", type=int, default=0, help="episodes per seed, drawn from the suite's tasks "
-                 "(default: each task once for bench:, 100 otherwise)")
+                 "(default: each task once for bench: and file:, as the file's ids; 100 otherwise)")
   p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated global seeds (default 0)")
   p.add_argument("--out", required=True, help="output directory (stores, results.json, report.html)")
-  p.add_argument("--format", default="", help=f"agent format (default by profile: {PROFILE_FORMAT})")
-  p.add_argument("--parse", default="lenient", choices=("lenient", "faithful"), help="AutoUI parse rule")
+  p.add_argument("--format", default="", help="agent format (default: a trained actor's own, from its agent.json; "
+                 f"otherwise by profile: {PROFILE_FORMAT})")
+  p.add_argument("--parse", default="", choices=("", "lenient", "faithful"),
+                 help="how malformed replies parse (default: the actor's own rule, else faithful, the original's)")
   p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (compare at the same one)")
   p.add_argument("--max-tokens", type=int, default=128)
   p.add_argument("--max-batch", type=int, default=32)
@@ -248,7 +268,7 @@ def main(argv=None) -> None:
     suite = Suite.parse(args.suite)
   except ValueError as e:
     p.error(str(e))
-  if not args.episodes and suite.kind != "bench":
+  if not args.episodes and suite.kind not in ("bench", "file"):
     args.episodes = 100
   evaluate(args)
 

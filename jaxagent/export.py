@@ -7,7 +7,9 @@ holding `checkpoints/`; without it the command lists them). The output holds the
 (`LlavaForConditionalGeneration` for a VLM, `LlamaForCausalLM` for a decoder), the tokenizer with its chat template,
 `generation_config.json` with the stop tokens the policy stops at, and for a VLM the processor
 (`preprocessor_config.json` for `LlavaImageProcessor`, `processor_config.json` for `LlavaProcessor`) that
-preprocesses images and expands `<image>` as our engine does. Then, with no other step:
+preprocesses images and expands `<image>` as our engine does. A Qwen2.5-VL policy is written as
+`Qwen2_5_VLForConditionalGeneration` with `preprocessor_config.json` for `Qwen2VLImageProcessor` fixed at the side
+it was trained at. Then, with no other step:
 
     processor = AutoProcessor.from_pretrained(out); model = AutoModelForImageTextToText.from_pretrained(out)
     model.generate(**processor(text=processor.apply_chat_template(messages, add_generation_prompt=True),
@@ -20,7 +22,9 @@ import argparse
 import json
 import os
 
-from jaxagent.serving.checkpoint import LoadedPolicy, export_policy, load_policy
+from jaxagent.models import qwen_vl
+from jaxagent.models.hf import idefics2
+from jaxagent.serving.checkpoint import LoadedModel, export_policy, load_policy
 
 
 def stages(workdir: str) -> list[str]:
@@ -33,14 +37,14 @@ def stages(workdir: str) -> list[str]:
   return sorted(found)
 
 
-def _generation_config(policy: LoadedPolicy) -> dict:
+def _generation_config(policy: LoadedModel) -> dict:
   tok = policy.tokenizer
   eos = list(policy.eos_ids)
   return {"bos_token_id": tok.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos,
           "pad_token_id": policy.pad_id, "do_sample": False}
 
 
-def _processor_configs(policy: LoadedPolicy) -> tuple[dict, dict]:
+def _processor_configs(policy: LoadedModel) -> tuple[dict, dict]:
   """(preprocessor_config, processor_config) reproducing `policy.preprocess` and its image-token expansion."""
   pp, vision = policy.preprocess, policy.model.config.vision
   size = {"shortest_edge": pp.size} if pp.shortest_edge else {"height": pp.size, "width": pp.size}
@@ -59,6 +63,17 @@ def _processor_configs(policy: LoadedPolicy) -> tuple[dict, dict]:
   return image, processor
 
 
+def _qwen_preprocessor_config(images: qwen_vl.QwenImages) -> dict:
+  """`Qwen2VLImageProcessor` pinned to the export's one square side: min = max pixels = side², so a square image
+  becomes the same patches as `QwenImages` gives (a non-square one keeps its aspect there, ours is stretched)."""
+  v, pixels = images.config.vision, images.size * images.size
+  return {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+          "do_resize": True, "size": {"shortest_edge": pixels, "longest_edge": pixels}, "resample": 3,  # bicubic
+          "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(images.mean),
+          "image_std": list(images.std), "do_convert_rgb": True, "patch_size": v.patch_size,
+          "temporal_patch_size": v.temporal_patch_size, "merge_size": v.spatial_merge_size}
+
+
 def export(workdir: str, out: str, *, stage: str = "", step: int | None = None) -> str:
   """Writes `out` from the policy of `workdir/stage` (its latest step, or `step`); returns `out`."""
   source = os.path.join(workdir, stage) if stage else workdir
@@ -70,16 +85,20 @@ def export(workdir: str, out: str, *, stage: str = "", step: int | None = None) 
   export_policy(policy, out, name=f"{os.path.basename(os.path.normpath(workdir))}/{stage}" if stage else "")
   with open(os.path.join(out, "generation_config.json"), "w", encoding="utf-8") as f:
     json.dump(_generation_config(policy), f, indent=2)
-  if policy.kind == "vlm" and policy.model.config.perceiver is not None:
-    from jaxagent.models.hf import idefics2  # pylint: disable=g-import-not-at-top
+  if qwen_vl.is_qwen(policy):
+    _write_json(os.path.join(out, "preprocessor_config.json"), _qwen_preprocessor_config(policy.preprocess))
+  elif policy.kind == "vlm" and policy.model.config.perceiver is not None:
     idefics2.write_processor_config(policy.model.config, out)
   elif policy.kind == "vlm":
     image, processor = _processor_configs(policy)
-    with open(os.path.join(out, "preprocessor_config.json"), "w", encoding="utf-8") as f:
-      json.dump(image, f, indent=2)
-    with open(os.path.join(out, "processor_config.json"), "w", encoding="utf-8") as f:
-      json.dump(processor, f, indent=2)
+    _write_json(os.path.join(out, "preprocessor_config.json"), image)
+    _write_json(os.path.join(out, "processor_config.json"), processor)
   return out
+
+
+def _write_json(path: str, data: dict) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=2)
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,8 @@
 """Entry point: `python -m jaxagent.main --config=configs/il.py[:variant] --workdir=DIR [--config.a.b=v ...]`.
 
 Parses the config (ml_collections `config_flags`), optionally joins a multi-host job, writes the resolved
-config to the workdir and hands over to the recipe named by `config.recipe`.
+config (`config.json`) and what runs it (`provenance.json`: commit, package versions, machine) to the workdir
+and hands over to the recipe named by `config.recipe`.
 """
 
 from __future__ import annotations
@@ -56,12 +57,39 @@ def check_overrides(argv: list[str]) -> None:
       raise app.UsageError(f"--config.{key}: {spec} has no key {key!r}; {hint}")
 
 
+# What an override's parser (by its `flag_type()`, from the config's value there) accepts, for the error.
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false (or 1 / 0)",
+             "tuple": "a tuple, e.g. '(1, 2)'"}
+
+
+def bad_override(argv: list[str], flag_values=flags.FLAGS) -> str | None:
+  """`--config.KEY='VALUE': expected ...` for the first override whose value its key's type refuses; None if
+  none does. Runs after a failed parse, when the config's override flags are registered."""
+  for arg in argv:
+    if not arg.startswith("--config.") or "=" not in arg:
+      continue
+    name, value = arg[2:].split("=", 1)
+    if name not in flag_values:
+      continue
+    parser = flag_values[name].parser
+    try:
+      parser.parse(value)
+    except (ValueError, TypeError, SyntaxError):
+      kind = parser.flag_type()
+      return f"--{name}={value!r}: expected {_EXPECTED.get(kind, f'a {kind} value')}"
+  return None
+
+
 def _parse_flags(argv):
   try:
     check_overrides(argv)
   except app.UsageError as e:
     sys.exit(f"FATAL Flags parsing error: {e}")
-  return flags.FLAGS(argv)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:  # a bad value, a flag without one, an unknown flag
+    print(f"error: {bad_override(argv) or e}", file=sys.stderr)
+    sys.exit(2)  # a usage error, as argparse exits
 
 
 def coordinator_bind_address(environ=os.environ) -> str | None:
@@ -118,6 +146,8 @@ def main(argv):
   from jaxagent import recipes  # pylint: disable=g-import-not-at-top  # loads the recipe's dependencies
   from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
   from jaxagent.pipeline import seeds as seeds_lib  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.provenance import provenance  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.stages import write_json  # pylint: disable=g-import-not-at-top
   recipe = recipes.get(config.recipe)
   try:  # before any work: a bad value would otherwise surface stages later
     validate(config, getattr(recipe, "CHOICES", {}), getattr(recipe, "LISTS", {}))
@@ -135,6 +165,8 @@ def main(argv):
     if jax.process_index() == 0:
       with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
         f.write(cfg.to_json_best_effort(indent=2))
+      # Beside the config, not in it (config.json is read back as a config): the commit, packages, machine.
+      write_json(os.path.join(out, "provenance.json"), provenance())
 
   logging.info("recipe %s → %s", config.recipe, workdir)
   if seeds is None:

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import numbers
 import os
 import random
 import tempfile
@@ -41,14 +42,50 @@ _Config = TypeVar("_Config")
 log = logging.getLogger(__name__)
 
 
+# The numeric settings of the configs built on this client (client, LLM judge, OpenAI policy, ...): key -> (type,
+# least value, whether the least value itself is allowed, what the key means).
+_SETTINGS = {
+    "timeout_s": (float, 0, False, "seconds one HTTP attempt may take"),
+    "deadline_s": (float, 0, True, "seconds a request may take with its retries; 0 means 4 × timeout_s"),
+    "max_retries": (int, 0, True, "attempts after the first"),
+    "backoff_initial_s": (float, 0, True, "seconds before the first retry"),
+    "backoff_max_s": (float, 0, True, "the longest wait between retries"),
+    "concurrency": (int, 1, True, "requests in flight at once"),
+    "max_tokens": (int, 1, True, "the longest reply, in tokens"),
+    "max_attached_imgs": (int, 1, True, "screenshots attached to a request"),
+    "temperature": (float, 0, True, "the sampling temperature"),
+}
+
+
+def _setting_ok(value: Any, kind: type, least: float, inclusive: bool) -> bool:
+  """Whether `value` is a `kind` (an integer passes as a number; a bool, a string or NaN is neither) at or above
+  `least`."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind is int else numbers.Real):
+    return False
+  return value >= least if inclusive else value > least
+
+
+def check_settings(cls: type, values: dict[str, Any], what: str) -> None:
+  """Refuses a numeric setting of `_SETTINGS` among `values` (the fields of the config dataclass `cls`) of the wrong
+  type or range, naming `what`, the key and the fix: a bad value would otherwise fail only at the first request,
+  or hang there."""
+  for key, (kind, least, inclusive, meaning) in _SETTINGS.items():
+    if key in values and not _setting_ok(values[key], kind, least, inclusive):
+      rule = f"{'an integer' if kind is int else 'a number'} {'>=' if inclusive else '>'} {least}"
+      default = next(f.default for f in dataclasses.fields(cls) if f.name == key)
+      raise ValueError(f"{what}: {key}={values[key]!r} must be {rule} ({meaning}); set {key}={default!r} (the "
+                       "default) or another such value")
+
+
 def config_from(cls: type[_Config], cfg: Any, what: str) -> _Config:
-  """`cls` (a config dataclass) from a dict or ml_collections ConfigDict; unknown keys are an error naming the
-  valid ones (`what` names the config in it)."""
+  """`cls` (a config dataclass) from a dict or ml_collections ConfigDict; unknown keys and values a request cannot
+  run with (`check_settings`) are an error naming the key (`what` names the config in it)."""
   d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - names)
   if unknown:
     raise ValueError(f"{what}: unknown key(s) {unknown}; valid keys are {sorted(names)}")
+  check_settings(cls, d, what)
   return cls(**d)
 
 
@@ -73,6 +110,9 @@ class ClientConfig:
   image_root: str = ""  # where relative image paths in the messages resolve
   usd_per_1k_prompt: float = 0.01  # WebVoyager's cost log
   usd_per_1k_completion: float = 0.03
+
+  def __post_init__(self):
+    check_settings(type(self), vars(self), type(self).__name__)
 
   @classmethod
   def like(cls, config: Any) -> "ClientConfig":

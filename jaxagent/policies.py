@@ -1,4 +1,5 @@
-"""Acting policies: the local Flax model (`ModelPolicy`) and any OpenAI-compatible endpoint (`OpenAIPolicy`).
+"""Acting through any OpenAI-compatible endpoint (`OpenAIPolicy`); a local model acts through
+`pipeline.policy.ModelPolicy`, and `make_policy` builds either from a config.
 
 Both implement `types.Policy`: a batch of observations with each episode's history -> one model text per
 row, which the rollout collector parses with the same agent format. The prompt is the agent format's
@@ -25,22 +26,10 @@ from typing import Any, Sequence
 
 from jaxagent import openai_client
 from jaxagent.agents import get_format
-from jaxagent.agents.base import AgentFormat
+from jaxagent.agents.base import AgentFormat, history_with_images
 from jaxagent.types import Observation, Step
 
 log = logging.getLogger(__name__)
-
-
-def history_with_images(history: Sequence[Step]) -> list[Step]:
-  """`history` where a step without `image_path` carries its in-memory screenshot in that field instead
-  (agent formats accept an array or a path as an image)."""
-  out = []
-  for step in history:
-    shot = step.observation.screenshot if step.observation is not None else None
-    if not step.image_path and shot is not None:
-      step = dataclasses.replace(step, image_path=shot)
-    out.append(step)
-  return out
 
 
 def build_prompts(fmt: AgentFormat, observations: Sequence[Observation], histories: Sequence[list[Step]]):
@@ -53,41 +42,6 @@ def build_prompts(fmt: AgentFormat, observations: Sequence[Observation], histori
 
 def _format(agent_format: str | AgentFormat, **kwargs) -> AgentFormat:
   return agent_format if isinstance(agent_format, AgentFormat) else get_format(agent_format, **kwargs)
-
-
-# ------------------------------------------------------------------------------------- local model
-
-
-class ModelPolicy:
-  """The local Flax policy: every row's prompt rendered by the agent format, all rows in one sampler call.
-
-  `engine`: a `serving.engine.Engine` (or a `LoadedPolicy`, wrapped in one). Sampling settings are the
-  config's (`temperature`, `top_p`, `top_k`, `max_tokens`, `stop`); rows share one batch, so a single
-  `act` is one sampler call.
-  """
-
-  def __init__(self, engine, agent_format: str | AgentFormat, *, temperature: float = 1.0, top_p: float = 1.0,
-               top_k: int = 0, max_tokens: int = 256, stop: Sequence[str] = (), max_batch: int = 64):
-    from jaxagent.serving.checkpoint import LoadedPolicy  # pylint: disable=g-import-not-at-top
-    from jaxagent.serving.qwen_engine import engine_for  # pylint: disable=g-import-not-at-top
-
-    if isinstance(engine, LoadedPolicy):
-      engine = engine_for(engine, max_batch=max_batch, max_new_tokens=max(max_tokens, 16))
-    self.engine = engine
-    self.fmt = _format(agent_format)
-    self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, stop=tuple(stop))
-
-  @classmethod
-  def from_checkpoint(cls, path: str, agent_format: str | AgentFormat, **kwargs) -> "ModelPolicy":
-    from jaxagent.serving.checkpoint import load_policy  # pylint: disable=g-import-not-at-top
-    return cls(load_policy(path), agent_format, **kwargs)
-
-  def act(self, observations: Sequence[Observation], histories: Sequence[list[Step]]) -> list[str]:
-    from jaxagent.serving.engine import GenerationRequest  # pylint: disable=g-import-not-at-top
-
-    prompts = build_prompts(self.fmt, observations, histories)
-    results = self.engine.generate([GenerationRequest(prompt=p, **self.sampling) for p in prompts])
-    return [r.text for r in results]
 
 
 # ------------------------------------------------------------------------------- OpenAI-compatible
@@ -109,6 +63,9 @@ class OpenAIPolicyConfig:
   timeout_s: float = 120.0
   max_retries: int = 6
   concurrency: int = 8  # rows asked in parallel
+
+  def __post_init__(self):
+    openai_client.check_settings(type(self), vars(self), type(self).__name__)
 
   @classmethod
   def from_config(cls, cfg: Any) -> "OpenAIPolicyConfig":
@@ -158,13 +115,16 @@ class OpenAIPolicy:
 
 
 def make_policy(config: Any):
-  """`{"kind": "model", "checkpoint": DIR, "agent_format": ..., sampling...}` or `{"kind": "openai", ...}`."""
+  """`{"kind": "model", "checkpoint": DIR, "temperature": ..., ["agent_format": NAME]}` (a trained actor, acting as
+  its `agent.json` says unless a format is named) or `{"kind": "openai", ...}`."""
   d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
   kind = d.pop("kind", "model")
   if kind == "openai":
     return OpenAIPolicy(OpenAIPolicyConfig.from_config(d))
   if kind == "model":
-    if "checkpoint" not in d or "agent_format" not in d:
-      raise ValueError("a model policy config needs 'checkpoint' (a policy directory) and 'agent_format'")
-    return ModelPolicy.from_checkpoint(d.pop("checkpoint"), d.pop("agent_format"), **d)
+    if "checkpoint" not in d:
+      raise ValueError("a model policy config needs 'checkpoint' (a trained actor's directory)")
+    from jaxagent.pipeline import policy  # pylint: disable=g-import-not-at-top  # JAX only for a local model
+    return policy.load(d.pop("checkpoint"), fmt=d.pop("agent_format", None), temperature=d.pop("temperature", 1.0),
+                       **d)
   raise ValueError(f"policy kind {kind!r} is unknown; use 'model' or 'openai'")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from configs import il as il_config
 from jaxagent import export, models, sharding
@@ -21,10 +22,12 @@ from jaxagent.train.state import create_train_state
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Open the shop."}]}]
 
 
-def _stage(path, variant):
+def _stage(path, variant, hf_checkpoint=""):
   """A recipe stage directory as `pipeline.finetune` leaves it (config, tokenizer, an Orbax step)."""
   config = il_config.get_config(variant)
   config.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
+  if hf_checkpoint:  # a Qwen2.5-VL (or other HF) directory the stage was trained from
+    config.model.hf_checkpoint = hf_checkpoint
   config.data.seq_len = 128
   tokenizer = load_tokenizer()
   tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
@@ -87,3 +90,36 @@ def test_decoder_export_runs_in_transformers_as_our_engine_does(recipe_workdir, 
     generated = model.generate(**ids, max_new_tokens=8)[0, ids["input_ids"].shape[1]:]
   assert ours.completion_tokens == 8 and ours.text
   assert tok.decode(generated, skip_special_tokens=True) == ours.text
+
+
+def _tiny_qwen(path):
+  """A tiny random Qwen2.5-VL directory over the default tokenizer (its `<image>` as the image-pad token)."""
+  tok = load_tokenizer()
+  torch.manual_seed(0)
+  cfg = transformers.Qwen2_5_VLConfig(
+      vision_config=dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=4,
+                         temporal_patch_size=2, spatial_merge_size=2, window_size=16, fullatt_block_indexes=[0]),
+      text_config=dict(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+      image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN), video_token_id=1000, vision_start_token_id=1001,
+      vision_end_token_id=1002, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+  transformers.Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(path)
+  return path
+
+
+def test_a_qwen2_5_vl_stage_exports_and_loads_back_with_its_image_processor(tmp_path):
+  hf_dir = _tiny_qwen(str(tmp_path / "hf"))
+  _stage(str(tmp_path / "recipe" / "il"), "", hf_checkpoint=hf_dir)
+  out = export.export(str(tmp_path / "recipe"), str(tmp_path / "qwen"), stage="il")
+  policy = checkpoint.load_policy(str(tmp_path / "recipe" / "il"))
+  again = checkpoint.load_policy(out)
+  assert again.preprocess.size == policy.preprocess.size and again.num_image_tokens == policy.num_image_tokens
+  for ours, back in zip(jax.tree.leaves(nnx.state(policy.model, nnx.Param)),
+                        jax.tree.leaves(nnx.state(again.model, nnx.Param)), strict=True):
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(ours))
+  image = (np.random.RandomState(0).rand(32, 32, 3) * 255).astype(np.uint8)
+  hf_pixels = transformers.AutoImageProcessor.from_pretrained(out)(images=[image], return_tensors="np")
+  np.testing.assert_array_equal(hf_pixels["image_grid_thw"], [policy.preprocess.grid])
+  np.testing.assert_allclose(hf_pixels["pixel_values"], policy.preprocess([image])[0], atol=1e-5)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from absl import app
+from absl import app, flags
 
 from jaxagent import main
 
@@ -36,6 +36,30 @@ def test_cli_rejects_typo_and_writes_nothing(tmp_path):
                          "--config.optim.lr_typo=1"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
   assert "did you mean --config.optim.lr" in proc.stderr
+  assert not workdir.exists()
+
+
+def test_il_with_seeds_lists_each_seeds_checkpoint_instead_of_a_type_error(tmp_path, monkeypatch, capsys):
+  from jaxagent.recipes import il
+  monkeypatch.setattr(il, "run", lambda cfg, workdir: os.path.join(workdir, "checkpoints", "3"))
+  flags.FLAGS(["jaxagent.main", f"--config={IL}:smoke", f"--workdir={tmp_path}", "--seeds=0,1"])
+  try:
+    main.main([])
+  finally:
+    flags.FLAGS.unparse_flags()
+  with open(tmp_path / "results.json") as f:
+    assert json.load(f)["per_seed"] == {str(k): str(tmp_path / f"seed{k}" / "checkpoints" / "3") for k in (0, 1)}
+  assert "no evaluation results to combine" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, expected", [("train.steps=abc", "--config.train.steps='abc': expected an integer"),
+                                                ("optim.lr=fast", "--config.optim.lr='fast': expected a number")])
+def test_a_bad_integer_override_prints_one_line_naming_the_key(tmp_path, override, expected):
+  workdir = tmp_path / "w"
+  proc = subprocess.run([sys.executable, "-m", "jaxagent.main", f"--config={IL}:smoke", f"--workdir={workdir}",
+                         f"--config.{override}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2  # a usage error, as argparse exits
+  assert proc.stderr.strip() == f"error: {expected}"
   assert not workdir.exists()
 
 

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxagent.agents import base
+from jaxagent.agents.images import IMAGE_TOKEN, SCREEN_SCALE, downscale
 from jaxagent.types import Action, ActionKind, Observation, Step, Task
 
 ACTION_TYPES = ("DUAL_POINT", "TYPE", "PRESS_BACK", "PRESS_HOME", "PRESS_ENTER", "STATUS_TASK_COMPLETE",
@@ -128,6 +129,12 @@ def autoui_translate_action(out: str) -> Action:
     return Action.invalid(f"Action {out} Parsing Error: {e}")
 
 
+def prompt_turns(prompt: str) -> list[dict[str, str]]:
+  """The one human turn a VLM reads the AutoUI prompt in: the screen's image, then the prompt (an AutoUI
+  encoder-decoder reads the same turn without the marker, `data.seq2seq`)."""
+  return [base.human_turn(f"{IMAGE_TOKEN}\n{prompt}")]
+
+
 @base.register("autoui")
 class AutoUI(base.AgentFormat):
   """AutoUI-Base's text side (the image goes in as BLIP-2 features, outside the prompt)."""
@@ -136,8 +143,27 @@ class AutoUI(base.AgentFormat):
   supported_kinds = frozenset({ActionKind.CLICK, ActionKind.SWIPE, ActionKind.TYPE, ActionKind.KEY, ActionKind.BACK,
                                ActionKind.HOME, ActionKind.ANSWER, ActionKind.IMPOSSIBLE})
 
-  def __init__(self, faithful_task_impossible: bool = False):
+  parse_rules = ("lenient", "faithful")  # faithful: a decision the original's split cannot unpack ends the episode
+  _parse_options = ("faithful_task_impossible",)
+
+  def __init__(self, faithful_task_impossible: bool = False, screen_scale: float = SCREEN_SCALE):
+    """`screen_scale`: the screenshot's size relative to the screen's in the prompt (the seeds' 1/4-resolution
+    `smaller_images/`)."""
     self.faithful_task_impossible = faithful_task_impossible
+    self.screen_scale = float(screen_scale)
+
+  @property
+  def parse_rule(self) -> str:
+    return "faithful" if self.faithful_task_impossible else "lenient"
+
+  def set_parse_rule(self, rule: str) -> None:
+    super().set_parse_rule(rule)
+    self.faithful_task_impossible = rule == "faithful"
+
+  def turns(self, observation: Observation, history: Sequence[Step]) -> tuple[list[dict[str, str]], list]:
+    """One human turn, the screen's image then the AutoUI prompt, over the scaled screenshot."""
+    prompt = self.build_prompt(observation.intent, observation, history)
+    return prompt_turns(prompt), [downscale(observation.screenshot, self.screen_scale)]
 
   def build_prompt(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> str:
     return autoui_prepare_prompt(base.task_intent(task), [s.action for s in history])
@@ -199,6 +225,7 @@ def is_action_valid(raw_action: str, max_plan_items: int = 8) -> bool:
       return False
     with warnings.catch_warnings():  # sampled garbage like "[0.1.2]" would print a SyntaxWarning per call
       warnings.simplefilter("ignore", SyntaxWarning)
+      warnings.simplefilter("ignore", DeprecationWarning)  # an invalid escape's category before Python 3.12
       ast.literal_eval(parsed["touch_point"])
       ast.literal_eval(parsed["lift_point"])
     form = _WELL_FORMED.fullmatch(raw_action.strip())

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import abc
 import base64
+import dataclasses
+import inspect
 import io
 import os
 from typing import Any, Callable, ClassVar, Sequence, Union
@@ -36,6 +38,23 @@ Prompt = Union[str, list[Message]]
 
 def task_intent(task: Task | str) -> str:
   return task.intent if isinstance(task, Task) else str(task)
+
+
+def human_turn(text: str) -> dict[str, str]:
+  """One user turn as training samples hold it (`{"from": "human", "value": ...}`)."""
+  return {"from": "human", "value": text}
+
+
+def history_with_images(history: Sequence[Step]) -> list[Step]:
+  """`history` where a step without `image_path` carries its in-memory screenshot in that field instead (formats
+  accept an array or a path as an image): during a rollout the screenshots are on `Step.observation`, not on disk."""
+  out = []
+  for step in history:
+    shot = step.observation.screenshot if step.observation is not None else None
+    if not step.image_path and shot is not None:
+      step = dataclasses.replace(step, image_path=shot)
+    out.append(step)
+  return out
 
 
 class AgentFormat(abc.ABC):
@@ -69,6 +88,50 @@ class AgentFormat(abc.ABC):
       return self._parse(text)
     except Exception as e:  # pylint: disable=broad-except  # a parser bug must not end an episode
       return Action.invalid(f"{self.name}: parser error {type(e).__name__}: {e}")
+
+  def early_stop(self, steps: Sequence[Step]) -> str:
+    """The format's own rule to end an episode before `max_steps` (e.g. VAB's for WebRL): a reason, or "" to go
+    on. None by default."""
+    del steps
+    return ""
+
+  # ---- acting with a trained model
+
+  # How malformed output may be read: the first is the default; "faithful" is the original's rule.
+  parse_rules: ClassVar[tuple[str, ...]] = ("faithful",)
+
+  def turns(self, observation: Observation, history: Sequence[Step]) -> tuple[list[dict[str, str]] | None, list]:
+    """The conversation a model trained on this format reads at this step, as its training samples hold it
+    (`{"from": "human"|"gpt", "value"}` turns, `<image>` markers), and the images the markers name, in order.
+
+    A completion format's prompt is one human turn. None for a chat format whose prompt has roles training
+    never renders (a system prompt): its `build_prompt` messages go to the checkpoint's chat template as they are.
+    """
+    prompt = self.build_prompt(observation.intent, observation, history_with_images(history))
+    return ([human_turn(prompt)], []) if isinstance(prompt, str) else (None, [])
+
+  def options(self) -> dict[str, Any]:
+    """The constructor arguments that rebuild this format (`get_format(name, **options)`), read from the
+    attributes of the same names; the parse rule is apart (`parse_rule`)."""
+    out = {}
+    for name in inspect.signature(type(self).__init__).parameters:
+      if name in ("self", "args", "kwargs") or name in self._parse_options:
+        continue
+      if not hasattr(self, name):
+        raise TypeError(f"{type(self).__name__}.options: the constructor argument {name!r} is not kept as an "
+                        "attribute of that name; override options()")
+      out[name] = getattr(self, name)
+    return out
+
+  _parse_options: ClassVar[tuple[str, ...]] = ()  # constructor arguments that `parse_rule` stands for
+
+  @property
+  def parse_rule(self) -> str:
+    return self.parse_rules[0]
+
+  def set_parse_rule(self, rule: str) -> None:
+    if rule not in self.parse_rules:
+      raise ValueError(f"agent format {self.name!r} parses by {list(self.parse_rules)}; got parse rule {rule!r}")
 
   def _unsupported(self, action: Action) -> ValueError:
     kinds = sorted(k.value for k in self.supported_kinds)

@@ -18,6 +18,7 @@ The action grammar is WebVoyager's with `Restart` and `ANSWER[;: ]` (`webvoyager
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -25,11 +26,11 @@ import shutil
 from typing import Any, Sequence
 
 from jaxagent.agents import base
+from jaxagent.tokens import IMAGE_TOKEN
 from jaxagent.agents import webvoyager
 from jaxagent.agents import webvoyager_prompts as P
 from jaxagent.types import Action, Observation, Step, Task, Trajectory
 
-IMAGE_TOKEN = "<image>"
 OMITTED_TREE = "OBSERVATION: <image> (accessibility tree omitted)."
 OMITTED_BOTH = "OBSERVATION: screenshot omitted, accessibility tree omitted."
 LAST_N = 3
@@ -222,6 +223,15 @@ class OpenWebVoyager(base.AgentFormat):
     turns.append((self.observation_text(task, observation, history), ""))
     return conversations(turns, self.n_steps)[-1][:-1]
 
+  def turns(self, observation: Observation, history: Sequence[Step]) -> tuple[list[dict[str, str]], list]:
+    """The compressed conversation the samples are built from (`conversation`), with the screenshots its `<image>`
+    markers name (the last ≤3, §2.2)."""
+    turns = self.conversation(observation.intent, observation, history)
+    shots = [s.observation.screenshot if s.observation is not None and s.observation.screenshot is not None
+             else s.image_path for s in history] + [observation.screenshot]
+    n = sum(t["value"].count(IMAGE_TOKEN) for t in turns)
+    return turns, shots[len(shots) - n:] if n else []
+
   def build_prompt(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> list[base.Message]:
     images = {i: s.image_path for i, s in enumerate(history)}
     images[len(history)] = observation.screenshot
@@ -235,3 +245,35 @@ class OpenWebVoyager(base.AgentFormat):
       raise self._unsupported(action)
     return webvoyager.render_reply(action, thought, "Restart")
 
+
+
+_URL = re.compile(r" url: \S+")
+
+
+def compact_tree(tree: str, max_lines: int = 0, drop_urls: bool = False) -> str:
+  """The accessibility tree shortened for a small context: `url:` attributes dropped (they carry the episode's
+  session id, noise to the policy) and only the first `max_lines` lines kept (0 = all). Element ids are the
+  tree's own, so an id the policy reads is the id the env executes."""
+  if drop_urls:
+    tree = _URL.sub("", tree)
+  if max_lines > 0:
+    tree = "\n".join(tree.split("\n")[:max_lines])
+  return tree
+
+
+@base.register("openwebvoyager_compact")
+class CompactOpenWebVoyager(OpenWebVoyager):
+  """OpenWebVoyager's format (§2.2) with `compact_tree` applied to every observation: the CPU default's
+  concession to a 1–2k-token context (the paper's 8192 holds the full tree; `max_tree_lines=0, drop_urls=False`
+  is the original byte for byte)."""
+
+  name = "openwebvoyager_compact"
+
+  def __init__(self, max_tree_lines: int = 0, drop_urls: bool = False, n_steps: int = LAST_N):
+    super().__init__(n_steps)
+    self.max_tree_lines, self.drop_urls = int(max_tree_lines), bool(drop_urls)
+
+  def observation_text(self, task, observation, history) -> str:
+    obs = dataclasses.replace(observation, a11y_tree=compact_tree(observation.a11y_tree or "",
+                                                                  self.max_tree_lines, self.drop_urls))
+    return super().observation_text(task, obs, history)

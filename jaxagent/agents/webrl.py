@@ -23,6 +23,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import threading
+import warnings
 from typing import Any, Sequence
 
 from jaxagent.agents import base
@@ -130,10 +132,23 @@ def remove_comments(code: str) -> str:
   return ""
 
 
+_COMPILER_WARNINGS = threading.Lock()  # `warnings.catch_warnings` swaps process-wide state: one parse at a time
+
+
+def _parse_quietly(expression: str) -> ast.Expression:
+  """`ast.parse(mode="eval")` without the compiler's warnings: model text such as `"\\d+"` (an invalid escape,
+  kept as written) or `1if` would print a SyntaxWarning (a DeprecationWarning before 3.12) per reply, and under
+  `-W error` fail a reply the original reads."""
+  with _COMPILER_WARNINGS, warnings.catch_warnings():
+    warnings.simplefilter("ignore", SyntaxWarning)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return ast.parse(expression, mode="eval")
+
+
 def parse_function_call(expression: str) -> dict[str, Any]:
   """`parse_function_call`: {"operation", "action"?, "kwargs"?} from one python-style call."""
   expression = remove_comments(expression).strip()
-  tree = ast.parse(expression, mode="eval")
+  tree = _parse_quietly(expression)
   func_call = tree.body
   if not isinstance(func_call, ast.Call):
     return {"operation": expression}
@@ -264,10 +279,13 @@ class WebRL(base.AgentFormat):
   _KINDS = frozenset({ActionKind.CLICK, ActionKind.HOVER, ActionKind.TYPE, ActionKind.SELECT, ActionKind.SCROLL,
                       ActionKind.KEY, ActionKind.BACK, ActionKind.FORWARD, ActionKind.ANSWER})
 
-  def __init__(self, extended_actions: bool = False, compact: bool = False, max_prompt_chars: int = MAX_PROMPT_CHARS):
+  def __init__(self, extended_actions: bool = False, compact: bool = False, max_prompt_chars: int = MAX_PROMPT_CHARS,
+               stop_parse_failures: int = 0, stop_repeats: int = 0):
     """`compact`: the HTML through `compact_html`; `max_prompt_chars`: where the prompt cuts the HTML (both
-    departures for short contexts; the defaults are the original's)."""
+    departures for short contexts; the defaults are the original's). `stop_parse_failures`, `stop_repeats`: the
+    thresholds of VAB's episode rule (`early_stop`; 0 turns a rule off; WebRL's evaluation runs 5 and 5)."""
     self.extended_actions, self.compact, self.max_prompt_chars = extended_actions, compact, int(max_prompt_chars)
+    self.stop_parse_failures, self.stop_repeats = int(stop_parse_failures), int(stop_repeats)
     self.supported_kinds = self._KINDS | ({ActionKind.WAIT} if extended_actions else frozenset())
 
   def build_prompt(self, task: Task | str, observation: Observation, history: Sequence[Step]) -> str:
@@ -276,6 +294,9 @@ class WebRL(base.AgentFormat):
 
   def observation_text(self, task, observation, history) -> str:
     return self.build_prompt(task, observation, history)
+
+  def early_stop(self, steps: Sequence[Step]) -> str:
+    return early_stop(steps, self.stop_parse_failures, self.stop_repeats)
 
   def _parse(self, text: str) -> Action:
     if text.endswith(EOT):  # the stop string, when a sampler keeps it (vLLM strips it)

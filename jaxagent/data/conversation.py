@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxagent.data.tokenizer import CHAT_TEMPLATE, END_OF_UTTERANCE, IMAGE_TOKEN
+# `own_template`, `template_image_token` and `TEMPLATE_IMAGE_TOKENS` live in `tokenizer` (`load_tokenizer` checks
+# a checkpoint's tokenizer with them, and it is the lower module); re-exported here, where callers use them.
+from jaxagent.data.tokenizer import (END_OF_UTTERANCE, IMAGE_TOKEN, TEMPLATE_IMAGE_TOKENS,  # noqa: F401
+                                     own_template, template_image_token)
 
 ROLES = {"human": "user", "gpt": "assistant"}
-# Image tokens a checkpoint's chat template writes itself for an image part (Qwen2-VL, Qwen2.5-VL).
-TEMPLATE_IMAGE_TOKENS = ("<|image_pad|>",)
 
 
 class ConversationError(ValueError):
@@ -94,30 +95,8 @@ def render(conversations: list[dict], bos: str = "<s>") -> tuple[str, list[tuple
   return "".join(parts), spans
 
 
-def own_template(tokenizer) -> bool:
-  """Whether `tokenizer` uses our idefics2-style template (rendered by `render`) rather than its own."""
-  return tokenizer.chat_template in (None, CHAT_TEMPLATE)
-
-
 def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
   return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
-def _has_token(tokenizer, token: str) -> bool:
-  return tokenizer.convert_tokens_to_ids(token) not in (None, tokenizer.unk_token_id)
-
-
-def template_image_token(tokenizer) -> str | None:
-  """The image token a checkpoint's chat template writes for an image part, for a tokenizer without `<image>`
-  (Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`); None otherwise. Samples' `<image>` markers are
-  then rendered as image parts, and each such token expands to the image's tokens."""
-  if own_template(tokenizer) or _has_token(tokenizer, IMAGE_TOKEN):
-    return None
-  try:
-    text = _apply(tokenizer, [{"role": "user", "content": [{"type": "image"}]}], False)
-  except Exception:  # pylint: disable=broad-except  # a text template that cannot iterate parts
-    return None
-  return next((t for t in TEMPLATE_IMAGE_TOKENS if t in text and _has_token(tokenizer, t)), None)
 
 
 def image_token_id(tokenizer) -> int | None:

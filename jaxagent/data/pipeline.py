@@ -14,7 +14,8 @@ import grain
 import jax
 import numpy as np
 
-from jaxagent.data import conversation, qwen_vl
+from jaxagent.data import conversation
+from jaxagent.models import qwen_vl
 
 # Per-sample scalars a sample may carry into its batch: a loss weight (weighted regression), and WebRL's
 # advantage and reference log-probability (`train.losses.webrl_actor_loss`).
@@ -36,7 +37,7 @@ class EncodeSample:
   """Grain map: one validated conversation → fixed-shape arrays (+ images when `preprocess` is set).
 
   Images: `images` [max_images, S, S, 3] (the sample's images first, zero padding after) and `image_mask`
-  [max_images]; a VLM loss compacts them into the flat order the model merges (`train.losses.flat_images`).
+  [max_images]; a VLM loss compacts them into the flat order the model merges (`models.vlm.flat_images`).
   Qwen2.5-VL (`preprocess` a `qwen_vl.QwenImages`): `patches` [max_images, g², D] and `positions` [3, seq_len]
   (M-RoPE) instead of `images`.
   """

@@ -5,7 +5,7 @@ turn `<image>\\n<AutoUI prompt>`), encoded as DigiRL feeds `T5ForMultimodalGener
 `<image>` marker is the encoder's input, the screenshot goes to the frozen image encoder as pixels, and the reply
 is the decoder's target under teacher forcing. As HF's T5 tokenizer does, both texts end with EOS, and the decoder
 input is the target shifted right behind the decoder start token (T5's pad id). Acting
-(`pipeline.seq2seq_policy`) encodes its prompts with the same `prompt_ids`.
+(`serving.seq2seq_engine`) encodes its prompts the same way (`encoder_ids`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ def _with_eos(tokenizer, text: str) -> list[int]:
   return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [int(tokenizer.eos_token_id)]
 
 
+def encoder_ids(tokenizer, text: str) -> list[int]:
+  """The encoder's ids of `text` (a `prompt_text`): its tokens, then EOS, as HF's T5 tokenizer writes them."""
+  return _with_eos(tokenizer, text)
+
+
 def prompt_ids(tokenizer, turns: Sequence[dict]) -> list[int]:
   """The encoder's ids of a conversation's human turns: `prompt_text`, then EOS."""
-  return _with_eos(tokenizer, prompt_text(turns))
+  return encoder_ids(tokenizer, prompt_text(turns))
 
 
 def split(item: dict) -> tuple[list[dict], str]:

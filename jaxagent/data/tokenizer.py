@@ -16,7 +16,8 @@ import os
 import shutil
 import tempfile
 
-IMAGE_TOKEN = "<image>"
+from jaxagent.tokens import IMAGE_TOKEN  # a leaf, so that models/ can share it
+
 END_OF_UTTERANCE = "<end_of_utterance>"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, IMAGE_TOKEN, END_OF_UTTERANCE)
@@ -34,6 +35,9 @@ CHAT_TEMPLATE = (
     "<end_of_utterance>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+# Image tokens a checkpoint's chat template writes itself for an image part (Qwen2-VL, Qwen2.5-VL).
+TEMPLATE_IMAGE_TOKENS = ("<|image_pad|>",)
 
 DEFAULT_VOCAB_SIZE = 1024
 _VERSION = "bpe-v1"
@@ -106,10 +110,32 @@ def load_tokenizer(path: str | None = None, *, require_image_token: bool = True)
                      "training; this recipe has none: set --config.data.tokenizer='' or a tokenizer directory")
   tok = AutoTokenizer.from_pretrained(gguf.checkpoint_dir(path))
   missing = [t for t in (IMAGE_TOKEN,) if tok.convert_tokens_to_ids(t) in (None, tok.unk_token_id)]
-  from jaxagent.data import conversation  # pylint: disable=g-import-not-at-top
-  if missing and require_image_token and not conversation.template_image_token(tok):  # Qwen2-VL writes its own
+  if missing and require_image_token and not template_image_token(tok):  # Qwen2-VL writes its own
     raise ValueError(f"tokenizer at {path} has no {missing} token; the IL pipeline needs it for image "
                      "placeholders (add it as a special token)")
   if tok.chat_template is None:
     tok.chat_template = CHAT_TEMPLATE
   return tok
+
+
+def own_template(tokenizer) -> bool:
+  """Whether `tokenizer` uses our idefics2-style template (`conversation.render` writes it) rather than its own."""
+  return tokenizer.chat_template in (None, CHAT_TEMPLATE)
+
+
+def _has_token(tokenizer, token: str) -> bool:
+  return tokenizer.convert_tokens_to_ids(token) not in (None, tokenizer.unk_token_id)
+
+
+def template_image_token(tokenizer) -> str | None:
+  """The image token a checkpoint's chat template writes for an image part, for a tokenizer without `<image>`
+  (Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`); None otherwise. Samples' `<image>` markers are
+  then rendered as image parts, and each such token expands to the image's tokens."""
+  if own_template(tokenizer) or _has_token(tokenizer, IMAGE_TOKEN):
+    return None
+  try:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}], tokenize=False,
+                                         add_generation_prompt=False)
+  except Exception:  # pylint: disable=broad-except  # a text template that cannot iterate parts
+    return None
+  return next((t for t in TEMPLATE_IMAGE_TOKENS if t in text and _has_token(tokenizer, t)), None)

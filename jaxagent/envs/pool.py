@@ -19,6 +19,9 @@ finds it even after the worker died and its children were re-parented, and Chrom
 (which drop the marker) share its session. Killing a worker, and `close()` (also via the context manager,
 `atexit`, and SIGTERM or Ctrl-C in the parent), kill every marked process and its session, so no Chromium
 outlives the pool. Workers also watch their parent and do the same if it dies without closing the pool.
+
+By concern: the worker's side is `worker.py`, the marker and the killing `processes.py`, and
+`backends.make_pool` picks this pool or Ray's (`ray_pool.RayEnvPool`, built on this one) from `config.env`.
 """
 
 from __future__ import annotations
@@ -34,15 +37,15 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Mapping, Sequence
 import uuid
 import weakref
 
 from jaxagent import types
-from jaxagent.envs import registry, tempdirs
-
-MARKER_ENV = "JAXAGENT_ENV_WORKER"
+from jaxagent.envs import registry, tempdirs, worker
+# The process tracking (`processes`) and the worker's side (`worker`) have modules of their own; `MARKER_ENV` and
+# `marked_pids` stay importable from here, where tests and tools look for them.
+from jaxagent.envs.processes import MARKER_ENV, kill_marked, marked_pids  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -57,126 +60,6 @@ class SlotResult:
   errored: bool = False  # crashed on all 1 + max_retries attempts (or the env refused the task); `obs` is None
   attempt: int = 1  # which attempt of the slot's current episode produced this result
   errors: list[str] = dataclasses.field(default_factory=list)  # why each failed attempt failed
-
-
-# ------------------------------------------------------------------------------------- process tracking
-
-
-def _marker_of(pid: int) -> str | None:
-  try:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-      env = f.read()
-  except OSError:  # gone, or a zombie, or not ours
-    return None
-  key = MARKER_ENV.encode() + b"="
-  for item in env.split(b"\0"):
-    if item.startswith(key):
-      return item[len(key):].decode(errors="replace")
-  return None
-
-
-def marked_pids(prefix: str) -> list[int]:
-  """Live processes whose `JAXAGENT_ENV_WORKER` marker equals `prefix` or starts with `prefix + "/"`."""
-  me = os.getpid()
-  out = []
-  for entry in os.scandir("/proc"):
-    if not entry.name.isdigit() or int(entry.name) == me:
-      continue
-    marker = _marker_of(int(entry.name))
-    if marker is not None and (marker == prefix or marker.startswith(prefix + "/")):
-      out.append(int(entry.name))
-  return out
-
-
-def _session_of(pid: int) -> int | None:
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return int(f.read().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
-  except (OSError, IndexError, ValueError):
-    return None
-
-
-def _same_session(sessions: set[int]) -> list[int]:
-  """Processes in one of `sessions`: Chromium's zygotes and renderers drop the marker but keep the session
-  Playwright started the browser in."""
-  return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _session_of(int(e.name)) in sessions]
-
-
-def _kill_marked(prefix: str, rounds: int = 5) -> None:
-  """SIGKILLs marked processes and their sessions until none is left (a dying browser may still fork)."""
-  own = {os.getsid(0)}
-  for _ in range(rounds):
-    pids = marked_pids(prefix)
-    if not pids:
-      return
-    sessions = {s for s in map(_session_of, pids) if s is not None} - own
-    pids = set(pids) | set(_same_session(sessions))
-    pids.discard(os.getpid())
-    for pid in pids:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-    time.sleep(0.05)
-
-
-# ------------------------------------------------------------------------------------------- the worker
-
-
-def _watch_parent(marker: str) -> None:
-  """Kills this worker's descendants and exits when the pool's process disappears (even by SIGKILL)."""
-  parent = os.getppid()
-  while True:
-    time.sleep(0.5)
-    if os.getppid() != parent:
-      _kill_marked(marker)
-      os._exit(1)
-
-
-_WORKER_CODE = "import sys; from jaxagent.envs.pool import _worker_main; _worker_main(int(sys.argv[1]))"
-
-
-def _worker_main(fd: int) -> None:
-  """Receives an env spec, builds the env, serves ("reset", task) / ("step", action) / ("close", None)."""
-  conn = mp_connection.Connection(fd)
-  marker = os.environ[MARKER_ENV]
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
-  spec = conn.recv()
-  threading.Thread(target=_watch_parent, args=(marker,), daemon=True).start()
-  try:
-    env = registry.make_env(spec)
-  except BaseException:  # pylint: disable=broad-except
-    conn.send(("error", "building the env failed:\n" + traceback.format_exc()))
-    os._exit(1)
-  conn.send(("ready", os.getpid()))
-  while True:
-    try:
-      cmd, arg = conn.recv()
-    except (EOFError, OSError):  # the pool went away
-      _kill_marked(marker)
-      os._exit(0)
-    if cmd == "close":
-      try:
-        env.close()
-      finally:
-        conn.send(("closed", None))
-      return
-    try:
-      out = env.reset(arg) if cmd == "reset" else env.step(arg)
-    except ValueError as e:
-      if cmd == "reset":  # the env refused the task (bad input): retrying cannot help, the env is fine
-        conn.send(("rejected", f"env.reset refused task {getattr(arg, 'id', arg)!r}: {e}"))
-        continue
-      conn.send(("error", f"env.{cmd} raised:\n" + traceback.format_exc()))
-      os._exit(1)
-    except BaseException:  # pylint: disable=broad-except
-      conn.send(("error", f"env.{cmd} raised:\n" + traceback.format_exc()))
-      os._exit(1)  # the parent kills what this env started and puts a fresh worker in the slot
-    try:
-      conn.send(("ok", out))
-    except Exception:  # pylint: disable=broad-except  # e.g. an unpicklable object in `info`
-      conn.send(("error", f"env.{cmd}'s result could not be sent:\n" + traceback.format_exc()))
-      os._exit(1)
 
 
 # --------------------------------------------------------------------------------------------- the pool
@@ -353,7 +236,7 @@ class EnvPool:
           pass
     for w in workers:
       self._kill(w)
-    _kill_marked(self._id)
+    kill_marked(self._id)
     tempdirs.sweep_stale()  # the temp roots of workers that were killed rather than closed
 
   # -- internals
@@ -379,7 +262,7 @@ class EnvPool:
     env = {**os.environ, MARKER_ENV: marker,
            "PYTHONPATH": os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)}
     try:
-      process = subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(child_sock.fileno())], env=env,
+      process = subprocess.Popen([sys.executable, "-c", worker.CODE, str(child_sock.fileno())], env=env,
                                  pass_fds=[child_sock.fileno()], start_new_session=True)
     finally:
       child_sock.close()
@@ -392,7 +275,7 @@ class EnvPool:
       os.kill(w.process.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
-    _kill_marked(w.marker)
+    kill_marked(w.marker)
     try:
       w.process.wait(5)
     except subprocess.TimeoutExpired:
@@ -512,24 +395,3 @@ class EnvPool:
       return
     ep.attempt += 1
     self._send(slot, "retry", ep.task, pending)
-
-
-# ---------------------------------------------------------------------------------------------- factory
-
-BACKENDS = ("subprocess", "ray")
-
-
-def make_pool(spec: Mapping[str, Any], env_config, num_workers: int | None = None) -> EnvPool:
-  """The pool `config.env` asks for: `backend` "subprocess" (an `EnvPool` on this machine, the default, also
-  for configs written before the key existed) or "ray" (a `RayEnvPool` on the Ray cluster at `ray_address`).
-  `num_workers` defaults to `env_config.workers`."""
-  backend = env_config.get("backend", "subprocess")
-  kwargs = dict(num_workers=int(env_config.workers if num_workers is None else num_workers),
-                step_timeout=float(env_config.step_timeout), reset_timeout=float(env_config.reset_timeout))
-  if backend == "subprocess":
-    return EnvPool(spec, **kwargs)
-  if backend == "ray":
-    from jaxagent.envs import ray_pool  # pylint: disable=g-import-not-at-top  # Ray is an optional extra
-    return ray_pool.RayEnvPool(spec, address=str(env_config.get("ray_address", "")), **kwargs)
-  raise ValueError(f"config.env.backend={backend!r} is unknown; allowed: {list(BACKENDS)} (set "
-                   "--config.env.backend=ray and --config.env.ray_address=ray://HEAD:10001 for a Ray fleet)")

@@ -9,7 +9,7 @@ whose env raises, is killed and replaced by a fresh actor, and its episode resta
 A Ray actor killed outright cannot clean up, and Chromium runs in a session of its own, so each actor starts a
 small guardian process on its own node before it builds its env: it carries the actor's `JAXAGENT_ENV_WORKER`
 marker, watches the actor and, once the actor is gone, kills every process carrying the marker
-(`pool._kill_marked`). The guardian is neither in the actor's process group nor its child (Ray kills both when a
+(`processes.kill_marked`). The guardian is neither in the actor's process group nor its child (Ray kills both when a
 worker dies) but stays in the actor's session, which is also the raylet's: the sweep spares its own session, so
 it never reaches Ray's processes. For the same reason the driver never kills processes by marker itself.
 
@@ -39,8 +39,8 @@ except ImportError as e:  # Ray is an optional extra
 
 from jaxagent import types
 from jaxagent.envs import registry, tempdirs
-from jaxagent.envs.pool import (MARKER_ENV, EnvPool, SlotResult, _Pending, _LIVE_POOLS,
-                                _install_exit_hooks, marked_pids)
+from jaxagent.envs.pool import EnvPool, SlotResult, _Pending, _LIVE_POOLS, _install_exit_hooks
+from jaxagent.envs.processes import MARKER_ENV, marked_pids
 
 # Ray picks a routable address for a node unless multi-node clusters are switched off (the flag's name says
 # Windows/OSX, but it is read on every platform); off, the node's servers listen on 127.0.0.1.
@@ -58,10 +58,10 @@ try:
 except psutil.NoSuchProcess:
   actor = None
 print("armed", flush=True)
-from jaxagent.envs.pool import _kill_marked
+from jaxagent.envs.processes import kill_marked
 while actor is not None and actor.is_running() and actor.status() != psutil.STATUS_ZOMBIE:
   time.sleep(0.5)
-_kill_marked(sys.argv[2])
+kill_marked(sys.argv[2])
 """
 
 # ---------------------------------------------------------------------------------------- the connection

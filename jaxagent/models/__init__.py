@@ -11,6 +11,8 @@ from typing import Callable
 
 from flax import nnx
 
+from jaxagent.tokens import IMAGE_TOKEN
+
 MODEL_KINDS = ("vlm", "decoder", "autoui")
 
 
@@ -46,7 +48,6 @@ def build(config, tokenizer) -> BuiltModel:
   `config.data.seq_len` / `image_size` / `max_images` for its FLOP count and image size and `config.seed` for
   its initialisation."""
   # Model modules import jax-heavy code: loaded here, so `import jaxagent.models.x` stays cheap.
-  from jaxagent.data.tokenizer import IMAGE_TOKEN  # pylint: disable=g-import-not-at-top
   from jaxagent.models import flops, llama, vit, vlm  # pylint: disable=g-import-not-at-top
   mcfg, seq_len = config.model, int(config.data.seq_len)
   if mcfg.kind not in MODEL_KINDS:
@@ -98,9 +99,8 @@ def _from_hf(config) -> BuiltModel:
 
 def _qwen2_5_vl(config, path: str, mesh) -> BuiltModel:
   """`_from_hf` for a Qwen2.5-VL directory: images at one fixed side, `config.data.image_size` rounded to a multiple
-  of patch × merge (`data.qwen_vl`; native dynamic resolution is not supported)."""
-  from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
-  from jaxagent.models import qwen2_vl  # pylint: disable=g-import-not-at-top
+  of patch × merge (`models.qwen_vl`; native dynamic resolution is not supported)."""
+  from jaxagent.models import qwen2_vl, qwen_vl  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import qwen2_vl as hf_qwen2_vl  # pylint: disable=g-import-not-at-top
   if config.model.kind != "vlm":
     raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a Qwen2.5-VL checkpoint but "

@@ -101,6 +101,18 @@ def merge_image_features(text_embeds: jax.Array, input_ids: jax.Array, image_fea
   return jnp.where(is_image[..., None], gathered, text_embeds)
 
 
+def flat_images(images: jax.Array, image_mask: jax.Array) -> jax.Array:
+  """[B, M, ...] per-sample image slots → [B*M, ...] with the real images first, in order of appearance.
+
+  `merge_image_features` writes the n-th image over the n-th image-token block of the batch (row-major) and
+  ignores trailing images; compacting inside the step keeps per-sample slots in the data, so micro-batches and
+  batch sharding split images with their samples. Here, below `data/` and `train/`, because both use it.
+  """
+  b, m = image_mask.shape
+  order = jnp.argsort(~image_mask.reshape(b * m), stable=True)
+  return images.reshape(b * m, *images.shape[2:])[order]
+
+
 def check_image_tokens(input_ids, num_images: int, cfg: VLMConfig) -> None:
   """Host-side check that the image tokens match the images (skipped under tracing, where shapes are all
   we know)."""

@@ -7,7 +7,8 @@
   tasks     task-suite I/O and seeded episode draws (`draw_episodes`, `disjoint_sets`), `success_rate`
   rollout   `Rollouts` / `rollout`: tasks through an `EnvPool`, judged, into a `TrajectoryStore`; resumes by
             episode id
-  policy    `VLMPolicy`: a trained model acting in an agent format, prompted with the training renderer
+  policy    `ModelPolicy` and `load`: a trained actor acting as its `agent.json` says, prompted with the training
+            render
   finetune  `finetune(config, workdir, items, init_from=...)`: tokenizer → `models.build` → Grain → `loop.train`,
             with any per-sample weight (`weighted_nll`)
 """

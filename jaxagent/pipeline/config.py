@@ -75,7 +75,7 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
                         "comma-separated")
   env = config.get("env")
   if env is not None and env.get("backend") is not None:
-    from jaxagent.envs.pool import BACKENDS  # pylint: disable=g-import-not-at-top
+    from jaxagent.envs.backends import BACKENDS  # pylint: disable=g-import-not-at-top
     if env.backend not in BACKENDS:
       raise ConfigError(f"config.env.backend={env.backend!r} is not one of {tuple(BACKENDS)}; "
                         "set --config.env.backend=subprocess (or ray)")

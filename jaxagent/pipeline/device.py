@@ -3,67 +3,47 @@
   env          the bundled sites' phone profile: the actor sees the raw screen and taps at points, as AitW's
                agents do; the scripted expert also gets set-of-marks elements (not drawn) and the oracle's targets
   the prompt   the AutoUI prompt (`Previous Actions: … Goal: …</s>`) over the 1/4-resolution screenshot (the seeds'
-               `smaller_images/`), one human turn `<image>\\n<prompt>`: what the VLM is trained on (`sample`) and
-               prompted with when acting (`prompt_fn`, through `pipeline.policy.VLMPolicy`)
+               `smaller_images/`), one human turn `<image>\n<prompt>`: what the VLM is trained on (`sample`) and
+               prompted with when acting (`agents.autoui.AutoUI.turns`, through `pipeline.policy.ModelPolicy`)
   formats      `FORMAT` parses leniently (a malformed decision is an invalid no-op); `FAITHFUL` as the originals
-               run it: a decision the original's split cannot unpack is TaskImpossible and ends the episode (§4.3)
+               run it: a decision the original's split cannot unpack is TaskImpossible and ends the episode (§4.3);
+               `config.parse` picks the one an actor's `agent.json` records
   il           the scripted expert's demonstrations on the train tasks → the VLM fine-tuned on their successful
                steps (both recipes start from this actor, as the seeds start from AutoUI's SFT checkpoint)
   autoui       `config.model.kind=autoui`: the actor is the original's encoder-decoder instead, trained on the same
-               samples (`data.seq2seq`) and acting through `pipeline.seq2seq_policy` (`load_actor` picks by the
-               workdir's model kind)
+               samples (`data.seq2seq`) and acting through `serving.seq2seq_engine`
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from PIL import Image
 
 from jaxagent import types
 from jaxagent.agents import autoui
+from jaxagent.agents.images import SCREEN_SCALE as DOWNSCALE, ImageLike, downscale, to_pil  # noqa: F401  # re-exported
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import rollout as rollout_lib
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import VLMPolicy, inference_mesh
-from jaxagent.pipeline.seq2seq_policy import Seq2SeqPolicy
 from jaxagent.pipeline.stages import save_png
 from jaxagent.pipeline import tasks as tasks_lib
-from jaxagent.serving.checkpoint import load_policy
-from jaxagent.pipeline.tasks import draw_episodes, errored_count, read_tasks, success_rate
+from jaxagent.pipeline.tasks import draw_episodes, read_tasks, success_rate
 
 FORMAT = autoui.AutoUI()
 FAITHFUL = autoui.AutoUI(faithful_task_impossible=True)
 PARSERS = {"lenient": FORMAT, "faithful": FAITHFUL}
-DOWNSCALE = 0.25  # Digi-Q §5.1 steps 2 and 5: 1/4-resolution copies of the screenshots
-
-ImageLike = Any  # np.ndarray [H, W, 3] uint8 | PIL.Image.Image | a path
 
 
-def to_pil(image: ImageLike) -> Image.Image:
-  if isinstance(image, Image.Image):
-    return image.convert("RGB")
-  if isinstance(image, (str, os.PathLike)):
-    with Image.open(image) as im:
-      return im.convert("RGB")
-  arr = np.asarray(image)
-  if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-    raise ValueError(f"screenshot: expected uint8 [H, W, 3|4], got {arr.dtype} {arr.shape}")
-  return Image.fromarray(arr).convert("RGB")
-
-
-def downscale(image: ImageLike, factor: float = DOWNSCALE) -> np.ndarray:
-  """`img.resize((int(w * f), int(h * f)))` with PIL's default filter, as the seeds' scripts call it."""
-  img = to_pil(image)
-  return np.asarray(img.resize((int(img.width * factor), int(img.height * factor))))
+def actor_format(config) -> autoui.AutoUI:
+  """The AutoUI format the recipe's actors act in: parsing by `config.parse`."""
+  return PARSERS[config.parse]
 
 
 # ------------------------------------------------------------------------------------------- the env
@@ -96,24 +76,7 @@ def read_store(*parts: str) -> tuple[TrajectoryStore, list[types.Trajectory]]:
 # -------------------------------------------------------------------------------------- the prompt
 
 
-def turn(prompt: str) -> list[dict]:
-  """The one human turn: the screen's image, then the AutoUI prompt."""
-  return [{"from": "human", "value": f"{IMAGE_TOKEN}\n{prompt}"}]
-
-
-def prompt_fn(observation: types.Observation, history: Sequence[types.Step]) -> tuple[list[dict], list]:
-  """`VLMPolicy`'s prompt: the AutoUI prompt of this step over the 1/4 screenshot."""
-  return turn(FORMAT.build_prompt(observation.intent, observation, history)), [downscale(observation.screenshot)]
-
-
-def load_actor(config, model_dir: str, temperature: float, seed: int, parse: str = "lenient"):
-  """The actor trained in `model_dir` acting in AutoUI format, parsing its replies `parse`-ly (`PARSERS`): a VLM
-  through the serving engine (`VLMPolicy`), or, when that workdir's model kind is autoui, the original's
-  encoder-decoder (`Seq2SeqPolicy`)."""
-  loaded = load_policy(model_dir, mesh=inference_mesh(config))
-  policy = Seq2SeqPolicy if loaded.kind == "autoui" else VLMPolicy
-  return policy(loaded, PARSERS[parse], prompt_fn, temperature=temperature, max_tokens=int(config.sampling.max_tokens),
-                max_batch=int(config.sampling.max_batch), seed=seed)
+turn = autoui.prompt_turns  # a training sample's human turn, as the format builds it when acting
 
 
 def sample(sample_id: str, image_path: str, prompt: str, answer: str, weight: float = 1.0) -> dict:
@@ -163,7 +126,7 @@ def screen_features(loaded, screens: Sequence[np.ndarray], batch: int = 32) -> n
   """[len(screens), D] the VLM's projected vision features of each 1/4 screenshot (an AutoUI actor's: its frozen
   encoder's, as the originals' critics and actor share BLIP-2), mean-pooled: the frozen image features the seeds'
   critics read (BLIP-2's pooled ViT-g of the screen, §4.2, §5.3). Fixed-size batches (one compilation); `loaded`:
-  a `serving.checkpoint.LoadedPolicy`."""
+  a `serving.checkpoint.LoadedModel`."""
   out = []
   for start in range(0, len(screens), batch):
     chunk = [downscale(s) for s in screens[start:start + batch]]
@@ -201,7 +164,7 @@ def finetune_with_demos(stage_cfg, workdir: str, out: str, items: list[dict], il
   both device recipes keep the demonstrations in their actors' mix; returns how many demonstration samples
   joined."""
   demos = [dict(it, weight=float(il_weight)) for it in demo_samples(workdir)] if il_weight > 0 else []
-  finetune(stage_cfg, out, items + demos, init_from=init_from, loss=loss)
+  finetune(stage_cfg, out, items + demos, agent=actor_format(stage_cfg), init_from=init_from, loss=loss)
   return len(demos)
 
 
@@ -219,12 +182,5 @@ def stage_il(config, workdir: str, out: str, gamma: float) -> dict:
   items = demo_samples(workdir)
   if not items:
     raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
-  finetune(stage_config(config, config.il), out, items)
+  finetune(stage_config(config, config.il), out, items, agent=actor_format(config))
   return {"demos": len(trajs), "expert_success": success_rate(trajs), "samples": len(items)}
-
-
-def eval_summary(trajs: Sequence[types.Trajectory], temperature: float) -> dict:
-  ran = [t for t in trajs if t.status != "errored"]
-  return {"success_rate": success_rate(trajs), "episodes": len(ran), "temperature": float(temperature),
-          "mean_steps": float(np.mean([len(t.steps) for t in ran])) if ran else 0.0,
-          "errored": errored_count(trajs)}

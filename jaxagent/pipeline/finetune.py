@@ -4,9 +4,10 @@ Every supervised stage of every recipe trains here (IL, OpenWebVoyager's iterati
 representation model and Best-of-N actor, DigiRL's and WebRL's actors): only the samples, their weights and the
 stage config differ. An AutoUI model (`config.model.kind="autoui"`) trains on the same samples encoded for its
 encoder and decoder (`data.seq2seq`), its image encoder frozen (`BuiltModel.trainable`). The workdir is
-self-contained: `config.json` (the stage's config), `tokenizer/`,
-`checkpoints/` (Orbax; a rerun resumes), TensorBoard events and `metrics.jsonl`, so `serving.load_policy(workdir)`
-and `python -m jaxagent.serve --checkpoint workdir` load it as it is.
+self-contained: `config.json` (the stage's config), `tokenizer/`, an actor's `agent.json` (how it acts,
+`agents.spec`), `checkpoints/` (Orbax; a rerun resumes), TensorBoard events and `metrics.jsonl`, so
+`pipeline.policy.load(workdir)`, `python -m jaxagent.evaluate --policy workdir` and `python -m jaxagent.serve
+--checkpoint workdir` load it as it is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 from flax import nnx
 
 from jaxagent import models
+from jaxagent.agents import spec as agent_spec
+from jaxagent.agents.base import AgentFormat
 from jaxagent.data import conversation, pipeline, seq2seq
 from jaxagent.data.tokenizer import load_tokenizer
 from jaxagent.pipeline.stages import write_text
@@ -70,8 +73,9 @@ def _tokenizer_of(init_from: str | None) -> str | None:
                                                                               "tokenizer_config.json")) else None
 
 
-def finetune(config, workdir: str, items: list[dict], *, init_from: str | None = None,
-             loss: LossFn = weighted_token_nll, pad_to: int = 32, truncate: bool = False) -> str:
+def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | None = None,
+             init_from: str | None = None, loss: LossFn = weighted_token_nll, pad_to: int = 32,
+             truncate: bool = False) -> str:
   """Trains `config.model` on `items` (conversation samples, each with an optional `weight`) for
   `config.train.steps`; returns the final checkpoint's path.
 
@@ -80,7 +84,8 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   (rounded up to `pad_to`), not to `data.seq_len`: no step pays for attention over padding. A sample longer than
   `data.seq_len` is refused rather than cut, since a cut reply would teach the model unparsable outputs;
   `truncate=True` cuts it at `data.seq_len` instead (plain SFT on given conversations, as Megatron's
-  `seq_length` does in OpenWebVoyager's training).
+  `seq_length` does in OpenWebVoyager's training). `agent`: the format an actor's samples were built with,
+  recorded in `agent.json` so that every loader prompts it the same way (none for a model that does not act).
   """
   os.makedirs(workdir, exist_ok=True)
   tokenizer = load_tokenizer(_tokenizer_of(init_from) or config.data.tokenizer or config.model.hf_checkpoint or None,
@@ -88,6 +93,8 @@ def finetune(config, workdir: str, items: list[dict], *, init_from: str | None =
   if jax.process_index() == 0:
     tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
     write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    if agent is not None:
+      agent_spec.write(workdir, agent, getattr(tokenizer, "chat_template", None))
   if not items:
     raise ValueError(f"finetune {workdir}: no training samples")
   present = {key for key in pipeline.SCALAR_FIELDS if any(key in x for x in items)}

@@ -1,87 +1,114 @@
-"""A trained model as an acting `Policy`, prompted byte for byte as it was trained.
+"""Acting with a trained model: one policy (`ModelPolicy`) and one loader (`load`).
 
-The training samples are conversations (`{"from": "human"|"gpt", "value"}` turns with `<image>` markers)
-rendered by `data.conversation.render_chat`; the policy builds the same turns for the current observation (the
-recipe's `prompt_fn`), renders them with the same template, and hands the engine the text up to the assistant's
-header
-with the images its `<image>` markers name. All rows of one `act` call are one engine call (one sampler batch).
+A trained actor's directory says how it acts (`agents.spec`: its `agent.json`), so every caller (a recipe's
+stages, `jaxagent.evaluate`, `jaxagent.serve`) prompts it with the bytes it was trained on: the format builds the
+turns training rendered (`AgentFormat.turns`), the engine renders them as training did (`training_prompt`) and
+samples all rows of one `act` in one call (`serving.engines.engine_for`: decoder, Qwen2.5-VL or AutoUI).
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Callable, Sequence
+import os
+from typing import Sequence
 
-from jaxagent import types
-from jaxagent.data import conversation
-from jaxagent.serving.checkpoint import LoadedPolicy, load_policy
+from jaxagent import sharding, types
+from jaxagent.agents import get_format, spec as agent_spec
+from jaxagent.agents.base import AgentFormat, history_with_images
+from jaxagent.serving.checkpoint import LoadedModel, load_policy, workdir_of
 from jaxagent.serving.engine import GenerationRequest, RequestError
-from jaxagent.serving.qwen_engine import engine_for
-
-# (observation, history) -> (the human turns so far, as training samples hold them; the images they name)
-PromptFn = Callable[[types.Observation, Sequence[types.Step]], tuple[list[dict], list]]
+from jaxagent.serving.engines import engine_for
 
 
-def render_prompt(turns: list[dict], tokenizer) -> str:
-  """The training render of `turns` followed by the assistant's header: the text the model continues.
+class ModelPolicy:
+  """`types.Policy` over a loaded model: `fmt` builds each row's prompt and parses the replies.
 
-  The engine tokenises a text prompt with the tokenizer's special tokens; a template that writes the BOS itself
-  (Llama-3's) loses its textual one here, so the ids are the ones training saw.
-  """
-  text = conversation.generation_prompt(turns, tokenizer)
-  bos = tokenizer.bos_token
-  if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
-    text = text[len(bos):]
-  return text
-
-
-class VLMPolicy:
-  """`types.Policy` over a `LoadedPolicy`: `fmt` parses the replies, `prompt_fn` builds each row's turns.
-
-  A row whose prompt exceeds the model's context gets the empty reply (the format's parse error, as a server's
-  400 would give the original agent) and is counted in `stats["too_long"]`.
+  A row whose prompt does not fit the model (its context, or AutoUI's 512 encoder tokens) gets the empty reply
+  (the format's parse error, as a server's 400 would give the original agent), counted in `stats["too_long"]`.
   """
 
-  def __init__(self, loaded: LoadedPolicy, fmt, prompt_fn: PromptFn, *, temperature: float, max_tokens: int,
+  def __init__(self, loaded: LoadedModel, fmt: AgentFormat | str, engine=None, *, temperature: float = 1.0,
+               max_tokens: int = 256, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
                max_batch: int = 32, seed: int = 0):
-    self.engine = engine_for(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
-    self.loaded, self.fmt, self.prompt_fn = loaded, fmt, prompt_fn
-    self.temperature, self.max_tokens = float(temperature), int(max_tokens)
+    self.loaded = loaded
+    self.fmt = fmt if isinstance(fmt, AgentFormat) else get_format(fmt)
+    self.engine = engine or engine_for(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
+    self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                         max_tokens=int(max_tokens), stop=tuple(stop))
     self.stats = collections.Counter()
 
-  def generate(self, turns: Sequence[list[dict]], images: Sequence[list], temperature: float | None = None
-               ) -> list[str]:
-    """One reply per row (conversation turns + their images), stripped; "" for a prompt that does not fit."""
-    t = self.temperature if temperature is None else float(temperature)
+  def prompt(self, observation: types.Observation, history: Sequence[types.Step]) -> tuple[object, list]:
+    """(the prompt the engine continues, its images): the training render of the format's turns, or a chat
+    format's messages as they are (`AgentFormat.turns` is None)."""
+    turns, images = self.fmt.turns(observation, history)
+    if turns is None:
+      return self.fmt.build_prompt(observation.intent, observation, history_with_images(history)), []
+    return self.engine.training_prompt(turns), images
+
+  def generate(self, prompts: Sequence[tuple[object, list]], temperature: float | None = None) -> list[str]:
+    """One stripped reply per (prompt, images); "" for a prompt that does not fit."""
+    sampling = dict(self.sampling, **({} if temperature is None else {"temperature": float(temperature)}))
     prepared, rows = [], []
-    for i, (row_turns, row_images) in enumerate(zip(turns, images)):
+    for i, (prompt, images) in enumerate(prompts):
       try:
-        prepared.append(self.engine.prepare(GenerationRequest(
-            prompt=render_prompt(row_turns, self.loaded.tokenizer), images=list(row_images), max_tokens=self.max_tokens,
-            temperature=t)))
+        prepared.append(self.engine.prepare(GenerationRequest(prompt=prompt, images=list(images), **sampling)))
         rows.append(i)
       except RequestError:
         self.stats["too_long"] += 1
-    out = [""] * len(turns)
+    out = [""] * len(prompts)
     for i, result in zip(rows, self.engine.generate(prepared) if prepared else []):
       out[i] = result.text.strip()
-    self.stats["rows"] += len(turns)
+    self.stats["rows"] += len(prompts)
     return out
 
+  def generate_turns(self, turns: Sequence[list[dict]], images: Sequence[list], temperature: float | None = None
+                     ) -> list[str]:
+    """`generate` on conversation turns as training samples hold them (e.g. a dataset state's prompt)."""
+    return self.generate([(self.engine.training_prompt(t), list(im)) for t, im in zip(turns, images)], temperature)
+
   def act(self, observations: Sequence[types.Observation], histories: Sequence[list[types.Step]]) -> list[str]:
-    prompts = [self.prompt_fn(o, h) for o, h in zip(observations, histories)]
-    return self.generate([p[0] for p in prompts], [p[1] for p in prompts])
+    if len(observations) != len(histories):
+      raise ValueError(f"act: {len(observations)} observations but {len(histories)} histories")
+    return self.generate([self.prompt(o, h) for o, h in zip(observations, histories)])
+
+
+def agent_format(model_dir: str, fmt: AgentFormat | str | None = None, parse: str | None = None) -> AgentFormat:
+  """How the actor in `model_dir` acts: `fmt` when given, else its `agent.json`; `parse` overrides the rule."""
+  if fmt is None:
+    workdir = workdir_of(model_dir)
+    spec = agent_spec.read(workdir)
+    if spec is None:
+      raise FileNotFoundError(f"{model_dir} has no {agent_spec.AGENT_FILE} (a recipe's training stage writes it "
+                              "beside config.json); name the agent format it was trained with (--format NAME)")
+    fmt = agent_spec.from_spec(spec, os.path.join(workdir, agent_spec.AGENT_FILE))
+  elif isinstance(fmt, str):
+    fmt = get_format(fmt)
+  if parse:
+    fmt.set_parse_rule(parse)
+  return fmt
+
+
+def load(model_dir: str, *, temperature: float, seed: int = 0, mesh=None, max_tokens: int = 128,
+         max_batch: int = 32, fmt: AgentFormat | str | None = None, parse: str | None = None) -> ModelPolicy:
+  """The actor in `model_dir` (a recipe stage, a training workdir or step, an export, a HF directory) as a
+  `ModelPolicy`, acting as its `agent.json` says (or as `fmt`), its parameters on `mesh` (default one device)."""
+  fmt = agent_format(model_dir, fmt, parse)
+  loaded = load_policy(model_dir, mesh=mesh)
+  spec = agent_spec.read(workdir_of(model_dir)) or {}
+  template = spec.get("chat_template")
+  if template and loaded.kind != "autoui" and template != getattr(loaded.tokenizer, "chat_template", None):
+    raise ValueError(f"{model_dir}: its tokenizer's chat template differs from the one the actor was trained with "
+                     f"({agent_spec.AGENT_FILE}); restore the workdir's tokenizer/")
+  return ModelPolicy(loaded, fmt, temperature=temperature, max_tokens=max_tokens, max_batch=max_batch, seed=seed)
 
 
 def inference_mesh(config):
   """The mesh of this process's devices the recipe's policies run on (`config.inference_mesh`; one device for a
   config written before the key existed)."""
-  from jaxagent import sharding  # pylint: disable=g-import-not-at-top
   return sharding.local_mesh(dict(config.get("inference_mesh", {})))
 
 
-def load_vlm_policy(path: str, config, fmt, prompt_fn: PromptFn, temperature: float, seed: int = 0) -> VLMPolicy:
-  """The policy trained in the workdir `path` (rebuilt from the `config.json` its training wrote), sampled with
-  the recipe `config`'s `sampling` token budget and batch."""
-  return VLMPolicy(load_policy(path, mesh=inference_mesh(config)), fmt, prompt_fn, temperature=temperature,
-                   max_tokens=int(config.sampling.max_tokens), max_batch=int(config.sampling.max_batch), seed=seed)
+def load_actor(config, model_dir: str, temperature: float, seed: int) -> ModelPolicy:
+  """`load` with a recipe config's mesh and `sampling` token budget and batch."""
+  return load(model_dir, temperature=temperature, seed=seed, mesh=inference_mesh(config),
+              max_tokens=int(config.sampling.max_tokens), max_batch=int(config.sampling.max_batch))

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.envs.pool import EnvPool, make_pool
+from jaxagent.envs.backends import make_pool
+from jaxagent.envs.pool import EnvPool
 from jaxagent.envs.sites import server
 from jaxagent.pipeline import distributed
 from jaxagent.pipeline.stages import write_text

@@ -2,7 +2,7 @@
 
 For a sample (human turns, then the assistant's reply) `score` returns what WebRL's learners read off a model:
 the reply's summed token log-probability and its token count (the actor's log π(a|s), the replay filter's
-perplexity), and, at the position where the reply begins (the last token of the prompt as `policy.render_prompt`
+perplexity), and, at the position where the reply begins (the last token of the prompt as `Engine.training_prompt`
 ends it), the logits (the ORM's YES/NO probability) and the final-norm hidden state (the critic's features, the
 code's `base_lm(obs)[0][:, -1]`). Rows are sorted by length and padded to power-of-two buckets, so a few shapes
 compile whatever the lengths.
@@ -51,7 +51,7 @@ def score(loaded, items: Sequence[dict], *, batch: int = 8, max_len: int | None 
   reply's start ([N, V], or [N, len(logit_ids)] of those ids) and `hidden` there ([N, D]); `offset` > 0 reads
   the logits that many reply tokens later (past a prefix every reply shares, like the space a template writes
   before it); `per_token=True` adds `token_logp`, each sample's reply tokens' log-probabilities in order (a list
-  of arrays), and `reply_ids`, those tokens. `loaded`: a `serving.checkpoint.LoadedPolicy` of a text decoder. A
+  of arrays), and `reply_ids`, those tokens. `loaded`: a `serving.checkpoint.LoadedModel` of a text decoder. A
   sample longer than `max_len` tokens is cut from the left of its prompt (its reply kept whole)."""
   if loaded.kind != "decoder":
     raise ValueError(f"scoring reads text decoders; {loaded.source or loaded.name} is a {loaded.kind}")

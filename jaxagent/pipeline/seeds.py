@@ -15,6 +15,7 @@ import statistics
 from typing import Any, Callable, Sequence
 
 from jaxagent.pipeline import distributed, report
+from jaxagent.pipeline.provenance import with_provenance
 from jaxagent.pipeline.stages import write_json
 
 
@@ -75,10 +76,11 @@ def table(combined: dict) -> str:
   return "\n".join(rows)
 
 
-def run_seeds(run: Callable[[Any, str], dict], config, workdir: str, seeds: Sequence[int],
+def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Sequence[int],
               write_config: Callable[[Any, str], None]) -> dict:
   """`run(config_k, workdir_k)` for every seed k (after `write_config(config_k, workdir_k)`, which makes the
-  directory), then their results combined into `<workdir>/results.json`."""
+  directory), then their results combined into `<workdir>/results.json` (listed per seed when `run` returns no
+  results dict)."""
   per_seed = {}
   for seed in seeds:
     cfg = copy.deepcopy(config)
@@ -87,8 +89,22 @@ def run_seeds(run: Callable[[Any, str], dict], config, workdir: str, seeds: Sequ
     write_config(cfg, out)
     print(f"\n=== seed {seed} → {out}")
     per_seed[int(seed)] = run(cfg, out)
+  if not all(isinstance(r, dict) for r in per_seed.values()):
+    return _listed(per_seed, workdir)
   combined = {"seeds": list(map(int, seeds)), **combine(per_seed)}
   if distributed.is_main():  # every process combined the same results
-    write_json(os.path.join(workdir, "results.json"), combined)
+    write_json(os.path.join(workdir, "results.json"), with_provenance(combined))
   print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
   return combined
+
+
+def _listed(per_seed: dict[int, Any], workdir: str) -> dict:
+  """A recipe that returns no results dict (il: its final checkpoint) has nothing to average over seeds:
+  `results.json` lists what each seed returned, and the message says how to evaluate them."""
+  listed = {"seeds": list(per_seed), "per_seed": {str(s): r for s, r in per_seed.items()}}
+  if distributed.is_main():
+    write_json(os.path.join(workdir, "results.json"), with_provenance(listed))
+  rows = "\n".join(f"  seed {s}: {r}" for s, r in per_seed.items())
+  print(f"\nover seeds {list(per_seed)}: the recipe returned no evaluation results to combine; evaluate each "
+        f"seed's policy with `python -m jaxagent.evaluate --policy <checkpoint> --suite ...`. Per seed:\n{rows}")
+  return listed

@@ -20,9 +20,11 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxagent.pipeline import distributed
+from jaxagent.pipeline import provenance
 
 DONE = "DONE"
-RUN_CONFIG = "run_config.json"  # the flat config a stage ran with
+RUN_CONFIG = "run_config.json"  # the flat config a stage ran with, and under "provenance" what ran it
+PROVENANCE = "provenance"  # run_config.json's key for provenance.provenance(): commit, packages, machine
 
 
 def write_text(path: str, text: str) -> None:
@@ -97,7 +99,7 @@ class Stages:
     os.makedirs(out, exist_ok=True)
     main = distributed.is_main()
     if self.config is not None and main:
-      write_json(os.path.join(out, RUN_CONFIG), self.config)
+      write_json(os.path.join(out, RUN_CONFIG), {**self.config, PROVENANCE: provenance.provenance()})
     say(f"[{self.tag}] {name} ...")
     t0 = time.monotonic()
     summary = fn(out)
@@ -116,6 +118,7 @@ class Stages:
     if self.config is None or not os.path.exists(path):
       return ""
     ran = read_json(path)
+    ran.pop(PROVENANCE, None)  # the commit and machine it ran on, not a config value
     keys = sorted(k for k in set(ran) | set(self.config) if ran.get(k) != self.config.get(k))
     if not keys:
       return ""

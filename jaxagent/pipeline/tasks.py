@@ -86,3 +86,13 @@ def success_rate(trajs: Sequence[types.Trajectory]) -> float:
 
 def errored_count(trajs: Sequence[types.Trajectory]) -> int:
   return sum(t.status == "errored" for t in trajs)
+
+
+def suite(workdir: str, split: str) -> list[types.Task]:
+  """The `tasks` stage's `split` suite of a recipe's workdir."""
+  return read_tasks(os.path.join(workdir, "tasks", f"{split}.jsonl"))
+
+
+def test_episodes(config, workdir: str) -> list[types.Task]:
+  """The evaluation's episodes: `eval.episodes` draws from the held-out test split with the fixed `eval.seed`."""
+  return draw_episodes(suite(workdir, "test"), int(config.eval.episodes), int(config.eval.seed), "eval")

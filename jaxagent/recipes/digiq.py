@@ -31,15 +31,15 @@ from jaxagent.models.critic import CriticConfig
 from jaxagent.pipeline import device, distributed, report, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import inference_mesh
-from jaxagent.pipeline.stages import Stages, write_json, write_text
-from jaxagent.pipeline.tasks import draw_episodes, success_rate
+from jaxagent.pipeline.evaluate import evaluate_actors, summary, write_results
+from jaxagent.pipeline.policy import inference_mesh, load_actor
+from jaxagent.pipeline.stages import Stages, write_text
+from jaxagent.pipeline.tasks import draw_episodes, suite, success_rate, test_episodes
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data, represent, viewer
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
-from jaxagent.train.metrics import MetricWriter
 
 STAGES = ("tasks", "il", "behaviour", "candidates", "representation", "critic", "actor", "filtered_bc", "eval")
 CHOICES = {
@@ -76,29 +76,6 @@ def run(config, workdir: str) -> dict:
   return results
 
 
-# ---------------------------------------------------------------------------------------- helpers
-
-
-def _rollout(config, spec, policy, tasks, store_dir, name):
-  return device.rollout(config, spec, policy, tasks, store_dir, name, gamma=float(config.critic.gamma))
-
-
-def _suite(workdir, split):
-  return device.suite(workdir, split)
-
-
-def _store(workdir, *parts):
-  return device.read_store(workdir, *parts)
-
-
-def actor_config(config):
-  return stage_config(config, config.actor, seed_offset=4)
-
-
-def _actor(config, workdir, stage, temperature, seed):
-  return device.load_actor(config, os.path.join(workdir, stage), temperature, seed, parse=str(config.parse))
-
-
 # ------------------------------------------------------------------------------------------ stages
 
 
@@ -106,7 +83,7 @@ def behaviour_episodes(config, workdir):
   """Drawn from the test split alone, the behaviour episodes are the evaluation's (same seed, same ids), so the
   eval stage scores the behaviour policy on these rollouts (`behaviour_rollouts`)."""
   splits = [s.strip() for s in config.behaviour.splits.split(",") if s.strip()]
-  tasks, n = [t for s in splits for t in _suite(workdir, s)], int(config.behaviour.episodes)
+  tasks, n = [t for s in splits for t in suite(workdir, s)], int(config.behaviour.episodes)
   if splits == ["test"]:
     return draw_episodes(tasks, n, int(config.eval.seed), "eval")
   return draw_episodes(tasks, n, int(config.seed) + 1, "beh")
@@ -120,7 +97,7 @@ def stage_behaviour(config, workdir, out):
 
 
 def stage_candidates(config, workdir, out):
-  src, trajs = _store(workdir, "behaviour", "store")
+  src, trajs = device.read_store(workdir, "behaviour", "store")
   actor = _actor(config, workdir, "il", config.candidates.temperature, int(config.seed) + 2)
   with_cands = data.add_candidates(config.candidates, actor, trajs, src, os.path.join(out, "store"))
   cands = [c for t in with_cands for s in t.steps if s.candidates for c in s.candidates[1:]]
@@ -129,7 +106,7 @@ def stage_candidates(config, workdir, out):
 
 
 def stage_representation(config, workdir, out):
-  store, trajs = _store(workdir, "candidates", "store")
+  store, trajs = device.read_store(workdir, "candidates", "store")
   items = represent.finetune_items(trajs, store, os.path.join(out, "sft"))
   rep_config = stage_config(config, config.representation, seed_offset=3)
   init = config.representation.hf_checkpoint or os.path.join(workdir, "il")
@@ -155,7 +132,7 @@ def stage_critic(config, workdir, out):
   """Trains on the rows of all but the `critic.val_fraction` held-out trajectories and reports the same TD loss on
   the held-out rows (`digiq/algorithms/offpolicy_train_loop.py`); scores every row's candidates into `scores.npz`
   with `held_out` [M] marking the validation rows, which the code's actor does not train on either."""
-  _, trajs = _store(workdir, "candidates", "store")
+  _, trajs = device.read_store(workdir, "candidates", "store")
   cache = dict(np.load(os.path.join(workdir, "representation", "reps.npz")))
   c, stage = config.critic, stage_config(config, config.critic)
   cfg: CriticConfig = critic_lib.critic_config(config, cache)
@@ -183,7 +160,7 @@ def stage_actor(config, workdir, out):
   sample (weight 0 where no candidate cleared the threshold), and the loss is −mean_b w_b Σ_t log clip(p, 0.001,
   0.99) (`digiq/algorithms/digiq/trainer.py:actor_loss`); `kept_tokens` keeps only the weighted states and
   normalises per token, without the clamp."""
-  store, trajs = _store(workdir, "candidates", "store")
+  store, trajs = device.read_store(workdir, "candidates", "store")
   scores = dict(np.load(os.path.join(workdir, "critic", "scores.npz")))
   # The critic's training trajectories only, as `trainer.py:update_policy` reads the training buffer alone.
   train = ~scores["held_out"] if "held_out" in scores else np.ones(len(scores["rows"]), bool)
@@ -208,7 +185,7 @@ def stage_filtered_bc(config, workdir, out):
   """Filtered BC (the Digi-Q paper's baseline, §5.8): every step of the successful behaviour episodes, trained
   from the IL actor with the actor's stage block, loss and demonstrations, so that the two actors differ only in
   which (state, action) pairs they imitate."""
-  store, trajs = _store(workdir, "behaviour", "store")
+  store, trajs = device.read_store(workdir, "behaviour", "store")
   items = data.filtered_bc_samples(store, trajs, os.path.join(out, "images"))
   return {"filtered_bc_samples": len(items), "il_samples": _train_from_il(config, workdir, out, items)}
 
@@ -219,18 +196,6 @@ def _train_from_il(config, workdir, out, items) -> int:
   loss = sequence_nll(AUTOUI_PROB_CLAMP) if config.actor.normalize == "all_states" else weighted_token_nll
   return device.finetune_with_demos(actor_config(config), workdir, out, items, float(config.actor.il_weight),
                                     os.path.join(workdir, "il"), loss)
-
-
-def test_episodes(config, workdir):
-  """The evaluation's episodes: `eval.episodes` draws from the test split with the fixed `eval.seed`."""
-  return draw_episodes(_suite(workdir, "test"), int(config.eval.episodes), int(config.eval.seed), "eval")
-
-
-def evaluate(config, workdir, store_dir, name, model_dir, temperature) -> dict:
-  """The actor saved in `model_dir` on the test episodes, into `store_dir`: its success rate etc."""
-  actor = device.load_actor(config, model_dir, temperature, int(config.eval.seed), parse=str(config.parse))
-  trajs = _rollout(config, device.env_spec(config), actor, test_episodes(config, workdir), store_dir, name)
-  return device.eval_summary(trajs, temperature)
 
 
 def behaviour_rollouts(config, workdir):
@@ -244,27 +209,26 @@ def behaviour_rollouts(config, workdir):
 
 
 def stage_eval(config, workdir, out):
-  trained = lambda stage: stage if os.path.isdir(os.path.join(workdir, stage, "checkpoints")) else "il"
-  policies = {"behaviour": ("il", config.behaviour.temperature), "il_actor": ("il", config.eval.temperature),
-              "filtered_bc_actor": (trained("filtered_bc"), config.eval.temperature),
-              "digiq_actor": (trained("actor"), config.eval.temperature)}
-  results, reused = {}, behaviour_rollouts(config, workdir)
-  writer = MetricWriter(out)
-  for name, (stage, temperature) in policies.items():
-    if name == "behaviour" and reused is not None:
-      results[name] = {**device.eval_summary(reused, temperature), "rollouts": "behaviour stage"}
-    else:
-      results[name] = evaluate(config, workdir, os.path.join(out, name), name, os.path.join(workdir, stage),
-                               temperature)
-    writer.write_scalars(0, {f"eval/{name}_success_rate": results[name]["success_rate"]})
-  writer.close()
+  """IL, Filtered BC and Digi-Q's actors on the test episodes at `eval.temperature`; the behaviour policy (the IL
+  actor at `behaviour.temperature`) on its own rollouts of them when it ran them all."""
+  trained = lambda stage: os.path.join(workdir, stage if os.path.isdir(os.path.join(workdir, stage, "checkpoints"))
+                                       else "il")
+  tasks, spec, gamma = test_episodes(config, workdir), device.env_spec(config), float(config.critic.gamma)
+  reused = behaviour_rollouts(config, workdir)
+  if reused is not None:
+    results = {"behaviour": {**summary(reused, config.behaviour.temperature), "rollouts": "behaviour stage"}}
+  else:
+    results = evaluate_actors(config, {"behaviour": trained("il")}, tasks, out, env_spec=spec, gamma=gamma,
+                              temperature=config.behaviour.temperature)
+  results.update(evaluate_actors(config, {"il_actor": trained("il"), "filtered_bc_actor": trained("filtered_bc"),
+                                          "digiq_actor": trained("actor")}, tasks, out, env_spec=spec, gamma=gamma))
   results["digiq_minus_il"] = results["digiq_actor"]["success_rate"] - results["il_actor"]["success_rate"]
   results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]
                                         - results["filtered_bc_actor"]["success_rate"])
   results["held_out"] = held_out(config, workdir)
+  write_results(os.path.join(workdir, "results.json"), results)
   if distributed.is_main():
-    write_json(os.path.join(workdir, "results.json"), results)
-    store, trajs = _store(workdir, "candidates", "store")
+    store, trajs = device.read_store(workdir, "candidates", "store")
     pick = next((i for i, t in enumerate(trajs) if t.success == 1.0), 0)  # show a success if there is one
     scores = viewer.scores_for(dict(np.load(os.path.join(workdir, "critic", "scores.npz"))), pick)
     write_text(os.path.join(workdir, "viewer.html"), viewer.render_html(trajs[pick], store.load_image, scores))
@@ -291,3 +255,18 @@ def results_table(results: dict) -> str:
   rows.append("held-out: the evaluation's intents are in no training data" if results["held_out"] else
               "NOT held-out: the evaluation's intents are in the training data (behaviour.splits names test)")
   return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _rollout(config, spec, policy, tasks, store_dir, name):
+  return device.rollout(config, spec, policy, tasks, store_dir, name, gamma=float(config.critic.gamma))
+
+
+def actor_config(config):
+  return stage_config(config, config.actor, seed_offset=4)
+
+
+def _actor(config, workdir, stage, temperature, seed):
+  return load_actor(config, os.path.join(workdir, stage), temperature, seed)

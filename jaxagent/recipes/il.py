@@ -13,6 +13,7 @@ import os
 import jax
 from jax.experimental import multihost_utils
 
+from jaxagent.agents.openwebvoyager import OpenWebVoyager
 from jaxagent.data import conversation, synthetic_conversations
 from jaxagent.pipeline.finetune import finetune
 
@@ -33,6 +34,7 @@ def load_items(config, workdir: str) -> list[dict]:
 
 
 def run(config, workdir: str) -> str:
-  path = finetune(config, workdir, load_items(config, workdir), truncate=True)
+  # The conversations are OpenWebVoyager's (turns, ≤3 screenshots, WebVoyager's action grammar): the actor acts so.
+  path = finetune(config, workdir, load_items(config, workdir), agent=OpenWebVoyager(), truncate=True)
   print(f"IL done: final checkpoint {path}")
   return path

@@ -28,12 +28,13 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs import miniwob, sites
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges import programmatic
-from jaxagent.pipeline import async_collect, distributed, rollout
+from jaxagent.pipeline import async_collect, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.policy import load_vlm_policy
-from jaxagent.pipeline.stages import Stages, write_json
-from jaxagent.pipeline.tasks import disjoint_sets, errored_count, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline.evaluate import evaluate_actors, write_results
+from jaxagent.pipeline.policy import load_actor
+from jaxagent.pipeline.stages import Stages
+from jaxagent.pipeline.tasks import disjoint_sets, read_tasks, success_rate, write_tasks
 from jaxagent.policies import OpenAIPolicy
 from jaxagent.proj.owv import data, explore
 from jaxagent.train.metrics import MetricWriter
@@ -70,8 +71,7 @@ def run(config, workdir: str) -> dict:
       summaries[f"iter{k}/eval"] = stages.run(f"iter{k}/eval", lambda out: stage_eval(config, workdir, out, k))
   summaries["held_out"] = held_out(config, workdir)
   results = collect_results(config, summaries)
-  if distributed.is_main():
-    write_json(os.path.join(workdir, "results.json"), results)
+  write_results(os.path.join(workdir, "results.json"), results)
   writer = MetricWriter(workdir)
   for k, row in enumerate(results["per_iteration"]):
     keys = ("test_success_rate", "miniwob_success_rate", "explore_solved_rate", "judge_agreement")
@@ -80,41 +80,6 @@ def run(config, workdir: str) -> dict:
   print("\n" + results_table(results))
   print(stages.table())
   return results
-
-
-# ---------------------------------------------------------------------------------------- helpers
-
-
-def env_spec(config, oracle_targets: bool = False) -> dict:
-  """The desktop web profile with the accessibility-tree observation (the oracle's targets for the expert)."""
-  return rollout.site_env("web", "a11y", config.tasks.seed, config.env, oracle_targets=oracle_targets)
-
-
-def _rollouts(config, oracle_targets: bool = False) -> rollout.Rollouts:
-  return rollout.Rollouts(env_spec(config, oracle_targets), config.env, bool(config.train.progress_bar))
-
-
-def _queries(workdir, name):
-  return read_tasks(os.path.join(workdir, "tasks", f"{name}.jsonl"))
-
-
-def _judge(config):
-  """The configured judge; beside an LLM judge the programmatic verdict is recorded for the agreement figure."""
-  reference = None if config.judge.kind == "programmatic" else programmatic.programmatic_judge()
-  return explore.ReferencedJudge(programmatic.make_judge(config.judge), reference)
-
-
-def _agreement(config, trajs) -> dict:
-  return {} if config.judge.kind == "programmatic" else {"judge": explore.agreement(list(trajs))}
-
-
-def _policy_dir(workdir, k):
-  return os.path.join(workdir, "il" if k == 0 else f"iter{k}", "train")
-
-
-def _policy(config, workdir, k, temperature, seed):
-  fmt = data.make_format(config)
-  return load_vlm_policy(_policy_dir(workdir, k), config, fmt, data.prompt_fn(fmt), temperature, seed)
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -156,14 +121,14 @@ def stage_il_data(config, workdir, out):
 
 def stage_il_train(config, workdir, out):
   items = data.load_samples(os.path.join(workdir, "il", "data"))
-  finetune(stage_config(config, config.il), out, items)
+  finetune(stage_config(config, config.il), out, items, agent=data.make_format(config))
   return {"samples": len(items), "steps": int(config.il.train.steps)}
 
 
 def stage_explore(config, workdir, out, k, behaviour=None):
   """Iteration k's queries explored by policy `behaviour` (default k - 1, the newest: OWV's rule)."""
   behaviour = k - 1 if behaviour is None else int(behaviour)
-  policy = _policy(config, workdir, behaviour, config.explore.temperature, int(config.seed) + 100 * k)
+  policy = load_actor(config, _policy_dir(workdir, behaviour), config.explore.temperature, int(config.seed) + 100 * k)
   store = TrajectoryStore(os.path.join(out, "store"))
   queries = _queries(workdir, f"iter{k}")
   with _rollouts(config) as r:
@@ -183,23 +148,24 @@ def stage_optimize(config, workdir, out, k):
   if not items:
     raise RuntimeError(f"iteration {k}: the mix {dict(config.mix)} of {[(n, len(s)) for n, s in sources.items()]} "
                        "samples is empty; raise config.mix.il or config.mix.previous")
-  finetune(stage_config(config, config.optimize), out, items, init_from=_policy_dir(workdir, k - 1))
+  finetune(stage_config(config, config.optimize), out, items, agent=data.make_format(config),
+           init_from=_policy_dir(workdir, k - 1))
   return {"samples": len(items), "sources": {n: len(s) for n, s in sources.items()},
           "steps": int(config.optimize.train.steps)}
 
 
 def stage_eval(config, workdir, out, k):
-  policy = _policy(config, workdir, k, config.eval.temperature, int(config.eval.seed))
-  with _rollouts(config) as r:
-    trajs = r.run(policy, _queries(workdir, "test"), os.path.join(out, "test"), judge=_judge(config),
-                  name=f"iter{k}_policy")
-  ran = [t for t in trajs if t.status != "errored"]
-  summary = {"test_success_rate": success_rate(trajs), "episodes": len(ran), "errored": errored_count(trajs),
-             "mean_steps": sum(len(t.steps) for t in ran) / max(len(ran), 1),
-             "too_long_prompts": policy.stats["too_long"], **_agreement(config, trajs)}
-  if config.eval.miniwob:
-    summary["miniwob_success_rate"] = _eval_miniwob(config, out, policy)
-  return summary
+  """Iteration k's actor (0: the IL actor) on the test queries; beside an LLM judge its agreement with the
+  programs; with `eval.miniwob` the same actor on MiniWoB++ episodes (out of domain)."""
+  def extra(name, policy, trajs):
+    more = _agreement(config, trajs)
+    if config.eval.miniwob:
+      more["miniwob_success_rate"] = _eval_miniwob(config, out, policy)
+    return more
+
+  r = evaluate_actors(config, {"test": _policy_dir(workdir, k)}, _queries(workdir, "test"), out,
+                      env_spec=env_spec(config), judge=_judge(config), extra=extra)["test"]
+  return {"test_success_rate": r.pop("success_rate"), **r}
 
 
 def _eval_miniwob(config, out, policy) -> float:
@@ -262,3 +228,33 @@ def results_table(results: dict) -> str:
   lines.append("held-out: the test intents are in no IL or exploration query" if results.get("held_out") else
                "NOT held-out: a test intent is among the training queries")
   return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def env_spec(config, oracle_targets: bool = False) -> dict:
+  """The desktop web profile with the accessibility-tree observation (the oracle's targets for the expert)."""
+  return rollout.site_env("web", "a11y", config.tasks.seed, config.env, oracle_targets=oracle_targets)
+
+
+def _rollouts(config, oracle_targets: bool = False) -> rollout.Rollouts:
+  return rollout.Rollouts(env_spec(config, oracle_targets), config.env, bool(config.train.progress_bar))
+
+
+def _queries(workdir, name):
+  return read_tasks(os.path.join(workdir, "tasks", f"{name}.jsonl"))
+
+
+def _judge(config):
+  """The configured judge; beside an LLM judge the programmatic verdict is recorded for the agreement figure."""
+  reference = None if config.judge.kind == "programmatic" else programmatic.programmatic_judge()
+  return explore.ReferencedJudge(programmatic.make_judge(config.judge), reference)
+
+
+def _agreement(config, trajs) -> dict:
+  return {} if config.judge.kind == "programmatic" else {"judge": explore.agreement(list(trajs))}
+
+
+def _policy_dir(workdir, k):
+  return os.path.join(workdir, "il" if k == 0 else f"iter{k}", "train")

@@ -196,7 +196,7 @@ class Tables:
     return self.ret_sum[state][action] / n if n else None
 
 
-class TabularPolicy:
+class TabularActor:
   """A link-level policy from `Tables`: `mode` is il | fbc | q | bon (see the module docstring)."""
 
   MODES = ("il", "fbc", "q", "bon")

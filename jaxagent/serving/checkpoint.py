@@ -7,7 +7,7 @@
   * an exported policy (`export_policy`): a Hugging Face directory (`config.json` + safetensors, written by
     `models/hf`) with the tokenizer files and `jaxagent_policy.json` (model kind, image preprocessing);
   * any local Hugging Face Llama/Mistral/Qwen2, LLaVA, idefics2 or Qwen2.5-VL directory with its tokenizer
-    (Qwen2.5-VL at the fixed image side its export recorded, else `data.qwen_vl.DEFAULT_IMAGE_SIZE`).
+    (Qwen2.5-VL at the fixed image side its export recorded, else `models.qwen_vl.DEFAULT_IMAGE_SIZE`).
 Every `pipeline.finetune` workdir (each training stage of a recipe) has its `config.json`; for another one,
 pass `config=`.
 
@@ -35,12 +35,12 @@ POLICY_FILE = "jaxagent_policy.json"
 
 
 @dataclasses.dataclass
-class LoadedPolicy:
+class LoadedModel:
   """What inference needs: the model, its tokenizer, and (VLMs) how to turn pixels into image tokens."""
 
   model: nnx.Module  # llama.Decoder, vlm.VLM or autoui.ScreenAutoUI
   tokenizer: Any  # a HF fast tokenizer with a chat template
-  kind: str  # "decoder" | "vlm" | "autoui" (acts through `pipeline.seq2seq_policy`, not the engine)
+  kind: str  # "decoder" | "vlm" | "autoui" (an encoder-decoder: `serving.seq2seq_engine`)
   name: str  # the model id `/v1/models` reports
   preprocess: vit.ImagePreprocessing | None = None  # VLMs and AutoUI's frozen image encoder
   num_image_tokens: int = 0  # image-token ids each <image> placeholder expands to (VLMs)
@@ -113,6 +113,11 @@ def _is_workdir(path: str) -> bool:
   return os.path.isdir(os.path.join(path, "checkpoints"))
 
 
+def workdir_of(path: str) -> str:
+  """The directory a checkpoint path belongs to: a step directory's training workdir, else `path` itself."""
+  return _step_dir(os.path.abspath(os.path.expanduser(path)))[0]
+
+
 def _step_dir(path: str) -> tuple[str, int | None]:
   """(workdir, step) for `<workdir>/checkpoints/<step>`; (path, None) otherwise."""
   parent, leaf = os.path.split(os.path.normpath(path))
@@ -121,7 +126,7 @@ def _step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
-def _load_workdir(workdir: str, step: int | None, config, mesh) -> LoadedPolicy:
+def _load_workdir(workdir: str, step: int | None, config, mesh) -> LoadedModel:
   from jaxagent.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   from jaxagent.train.state import abstract_train_state  # pylint: disable=g-import-not-at-top
@@ -149,13 +154,13 @@ def _load_workdir(workdir: str, step: int | None, config, mesh) -> LoadedPolicy:
   model = state.model()
   kind = str(config.model.kind)
   step_name = step if step is not None else "latest"
-  return LoadedPolicy(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
+  return LoadedModel(model, tokenizer, kind, name=f"{os.path.basename(os.path.normpath(workdir))}@{step_name}",
                       preprocess=built.preprocess if kind in ("vlm", "autoui") else None,
                       num_image_tokens=built.num_image_tokens if kind == "vlm" else 0,
                       image_wrap_id=built.image_wrap_id if kind == "vlm" else None, source=workdir)
 
 
-def _load_hf(path: str, mesh) -> LoadedPolicy:
+def _load_hf(path: str, mesh) -> LoadedModel:
   hf = _read_json(os.path.join(path, "config.json"))
   meta = _read_json(os.path.join(path, POLICY_FILE)) if os.path.exists(os.path.join(path, POLICY_FILE)) else {}
   tokenizer = load_tokenizer(path, require_image_token="vision_config" in hf)
@@ -165,22 +170,22 @@ def _load_hf(path: str, mesh) -> LoadedPolicy:
     lib = auto.vlm_module(hf)
     model, cfg = lib.load_pretrained(path, mesh)
     if hf.get("model_type") == "qwen2_5_vl":  # fixed-resolution patches; the side an export recorded
-      from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+      from jaxagent.models import qwen_vl  # pylint: disable=g-import-not-at-top
       images = qwen_vl.QwenImages.from_dir(path, cfg, int(meta.get("image_size", qwen_vl.DEFAULT_IMAGE_SIZE)))
-      return LoadedPolicy(model, tokenizer, "vlm", name, images, images.tokens_per_image, source=path)
+      return LoadedModel(model, tokenizer, "vlm", name, images, images.tokens_per_image, source=path)
     if "preprocess" in meta:
       preprocess = vit.ImagePreprocessing(**{k: tuple(v) if isinstance(v, list) else v
                                              for k, v in meta["preprocess"].items()})
     else:
       preprocess = lib.image_preprocessing(path)
-    return LoadedPolicy(model, tokenizer, "vlm", name, preprocess, cfg.num_image_tokens,
+    return LoadedModel(model, tokenizer, "vlm", name, preprocess, cfg.num_image_tokens,
                         image_wrap_id=cfg.image_wrap_token_id, source=path)
   from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
   model, _ = hf_llama.load_pretrained(path, mesh)
-  return LoadedPolicy(model, tokenizer, "decoder", name, source=path)
+  return LoadedModel(model, tokenizer, "decoder", name, source=path)
 
 
-def load_policy(path: str, *, config=None, step: int | None = None, mesh=None) -> LoadedPolicy:
+def load_policy(path: str, *, config=None, step: int | None = None, mesh=None) -> LoadedModel:
   """The policy at `path` (a training workdir, one of its step directories, an export, a HF directory, a
   `.gguf` file, or `smollm2`), its parameters restored straight onto `mesh` (FSDP / tensor parallel by their
   logical axes; default one local device): `sharding.local_mesh(config.inference_mesh)`."""
@@ -198,20 +203,20 @@ def load_policy(path: str, *, config=None, step: int | None = None, mesh=None) -
                           "policy directory (config.json + safetensors)")
 
 
-def export_policy(source: str | LoadedPolicy, out_dir: str, *, config=None, name: str = "") -> str:
+def export_policy(source: str | LoadedModel, out_dir: str, *, config=None, name: str = "") -> str:
   """Writes a self-contained serving directory: HF weights + config, tokenizer, `jaxagent_policy.json`.
 
   `source`: a training workdir (or step directory) or an already loaded policy. The result loads with
   `load_policy(out_dir)` and, being a HF directory, with `transformers` too.
   """
-  policy = source if isinstance(source, LoadedPolicy) else load_policy(source, config=config)
+  policy = source if isinstance(source, LoadedModel) else load_policy(source, config=config)
   if policy.kind == "autoui":
     raise NotImplementedError(f"export_policy: {policy.source} is an AutoUI workdir (config.model.kind=autoui), "
                               "which has no self-contained HF layout for its frozen image encoder; serve the "
                               "workdir itself, or write its T5 with models.hf.autoui.save_pretrained(model.autoui)")
   os.makedirs(out_dir, exist_ok=True)
   meta: dict[str, Any] = {"kind": policy.kind, "name": name or policy.name, "source": policy.source}
-  from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+  from jaxagent.models import qwen_vl  # pylint: disable=g-import-not-at-top
   if qwen_vl.is_qwen(policy):
     from jaxagent.models.hf import qwen2_vl as hf_qwen2_vl  # pylint: disable=g-import-not-at-top
     hf_qwen2_vl.save_pretrained(policy.model, policy.model.config, out_dir)
@@ -231,7 +236,7 @@ def export_policy(source: str | LoadedPolicy, out_dir: str, *, config=None, name
 
 
 def random_policy(kind: str = "vlm", *, seed: int = 0, image_size: int = 32, tokenizer_dir: str | None = None,
-                  **decoder_overrides) -> LoadedPolicy:
+                  **decoder_overrides) -> LoadedModel:
   """A randomly initialised tiny policy over the default tokenizer (tests, benchmarks, a server smoke run).
 
   The shapes follow the tiny configs' defaults (`models.build`), so a random policy exercises the
@@ -248,12 +253,12 @@ def random_policy(kind: str = "vlm", *, seed: int = 0, image_size: int = 32, tok
       "intermediate_size": 256, "max_position_embeddings": 4096, "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, **decoder_overrides})
   if kind == "decoder":
-    return LoadedPolicy(llama.init_decoder(dcfg, seed), tokenizer, "decoder", name=f"random-decoder-{seed}",
+    return LoadedModel(llama.init_decoder(dcfg, seed), tokenizer, "decoder", name=f"random-decoder-{seed}",
                         source="random")
   if kind != "vlm":
     raise ValueError(f"random_policy kind={kind!r}; use 'decoder' or 'vlm'")
   vcfg = vlm.VLMConfig.tiny(vocab, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), vision={"image_size": image_size},
                             text=dc.asdict(dcfg))
   preprocess = vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True)
-  return LoadedPolicy(vlm.init_vlm(vcfg, seed), tokenizer, "vlm", name=f"random-vlm-{seed}", preprocess=preprocess,
+  return LoadedModel(vlm.init_vlm(vcfg, seed), tokenizer, "vlm", name=f"random-vlm-{seed}", preprocess=preprocess,
                       num_image_tokens=vcfg.num_image_tokens, source="random")

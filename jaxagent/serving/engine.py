@@ -26,7 +26,7 @@ import numpy as np
 from jaxagent.data import conversation
 from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.models import sampler
-from jaxagent.serving.checkpoint import LoadedPolicy
+from jaxagent.serving.checkpoint import LoadedModel
 
 
 class RequestError(ValueError):
@@ -90,9 +90,9 @@ def _message_images(messages: Sequence[dict[str, Any]]) -> list[Any]:
 
 
 class Engine:
-  """Batched generation over a `LoadedPolicy`. Thread-safe: concurrent `generate` calls run one at a time."""
+  """Batched generation over a `LoadedModel`. Thread-safe: concurrent `generate` calls run one at a time."""
 
-  def __init__(self, policy: LoadedPolicy, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
+  def __init__(self, policy: LoadedModel, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
                max_new_tokens: int = 512, seed: int = 0):
     if max_batch < 1:
       raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
@@ -109,6 +109,17 @@ class Engine:
     self._shapes: set[tuple] = set()
 
   # ---- rendering
+  def training_prompt(self, turns: list[dict[str, str]]) -> str:
+    """The training render of conversation `turns` followed by the assistant's header: the text the model
+    continues. The engine tokenises a text prompt with the tokenizer's special tokens; a template that writes the
+    BOS itself (Llama-3's) loses its textual one here, so the ids are the ones training saw."""
+    tokenizer = self.policy.tokenizer
+    text = conversation.generation_prompt(turns, tokenizer)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+      text = text[len(bos):]
+    return text
+
   def render(self, prompt: str | list[dict[str, Any]]) -> str:
     """The text the model continues: a string as is; chat messages of users and assistants as training renders
     them (`conversation.generation_prompt`: our template or the checkpoint's, the same bytes); with other roles

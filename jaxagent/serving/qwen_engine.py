@@ -2,7 +2,7 @@
 
 What differs from a LLaVA-style VLM: the chat template writes each image as `<|vision_start|><|image_pad|>
 <|vision_end|>` (rendered from image parts, `conversation.template_image_token`), each `<|image_pad|>` expands to
-the fixed `tokens_per_image`, images are patches (`data.qwen_vl.QwenImages`), and the prompt's positions are
+the fixed `tokens_per_image`, images are patches (`models.qwen_vl.QwenImages`), and the prompt's positions are
 M-RoPE ones computed on the host (`rope_index`); decoding then continues from each row's largest position + 1
 (the KV cache keeps it), so the shared `models.sampler` runs unchanged behind `_MRoPEPrompt`.
 The continuous-batching server does not run Qwen2.5-VL (`serve.build` refuses it).
@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxagent.data import conversation, qwen_vl
+from jaxagent.data import conversation
+from jaxagent.models import qwen_vl
 from jaxagent.models import sampler
 from jaxagent.serving import engine as base
-from jaxagent.serving.checkpoint import LoadedPolicy
+from jaxagent.serving.checkpoint import LoadedModel
 
 
 @jax.tree_util.register_dataclass
@@ -57,9 +58,9 @@ def sample(model, input_ids: np.ndarray, prompt_mask: np.ndarray, patches: np.nd
 
 
 class QwenVLEngine(base.Engine):
-  """`Engine` for a Qwen2.5-VL `LoadedPolicy` (`qwen_vl.is_qwen`): the same requests, bucketing and stats."""
+  """`Engine` for a Qwen2.5-VL `LoadedModel` (`qwen_vl.is_qwen`): the same requests, bucketing and stats."""
 
-  def __init__(self, policy: LoadedPolicy, **kwargs):
+  def __init__(self, policy: LoadedModel, **kwargs):
     if not qwen_vl.is_qwen(policy):
       raise ValueError(f"QwenVLEngine serves Qwen2.5-VL policies; {policy.name} is a {policy.kind} one (use Engine)")
     super().__init__(policy, **kwargs)
@@ -103,8 +104,3 @@ class QwenVLEngine(base.Engine):
     if n_img:
       patches[:n_img] = np.concatenate(pix)
     return sample(self.policy.model, ids, mask, patches, pre, n_img, config, rng=rng), len(patches)
-
-
-def engine_for(policy: LoadedPolicy, **kwargs) -> base.Engine:
-  """The batch engine that runs `policy`: `QwenVLEngine` for Qwen2.5-VL, `Engine` for the others."""
-  return (QwenVLEngine if qwen_vl.is_qwen(policy) else base.Engine)(policy, **kwargs)

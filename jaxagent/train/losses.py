@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxagent.models.vlm import flat_images
 from jaxagent.rl.losses import bc_nll, webrl_actor_loss_code_seq
 from jaxagent.rl import losses as rl_losses
 
@@ -25,18 +26,6 @@ def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, mask: jnp.nd
   return (logp_loss * mask).sum() / jnp.maximum(count, 1.0), count
 
 
-def flat_images(images: jnp.ndarray, image_mask: jnp.ndarray) -> jnp.ndarray:
-  """[B, M, S, S, 3] per-sample slots → [B*M, S, S, 3] with the real images first, in order of appearance.
-
-  The VLM writes the n-th image over the n-th image-token block of the batch (row-major) and ignores trailing
-  images (`models.vlm`); compacting inside the step keeps per-sample slots in the data, so micro-batches and
-  batch sharding split images with their samples.
-  """
-  b, m = image_mask.shape
-  order = jnp.argsort(~image_mask.reshape(b * m), stable=True)
-  return images.reshape(b * m, *images.shape[2:])[order]
-
-
 def seq2seq_logits(model, batch: dict) -> jnp.ndarray:
   """An encoder-decoder's (AutoUI's, `data.seq2seq`) teacher-forced logits [B, T, V] over `decoder_ids`; the
   batch's `targets` / `loss_mask` are decoder-side, so every loss here reads it as it reads a decoder's."""
@@ -46,8 +35,8 @@ def seq2seq_logits(model, batch: dict) -> jnp.ndarray:
 def _logits(model, batch: dict) -> jnp.ndarray:
   if "decoder_ids" in batch:
     return seq2seq_logits(model, batch)
-  if "positions" in batch:  # Qwen2.5-VL: image patches and M-RoPE positions (`data.qwen_vl`)
-    from jaxagent.data import qwen_vl  # pylint: disable=g-import-not-at-top
+  if "positions" in batch:  # Qwen2.5-VL: image patches and M-RoPE positions (`models.qwen_vl`)
+    from jaxagent.models import qwen_vl  # pylint: disable=g-import-not-at-top
     return qwen_vl.batch_logits(model, batch)
   if "images" in batch:
     return model(batch["input_ids"], flat_images(batch["images"], batch["image_mask"]),

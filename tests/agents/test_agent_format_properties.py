@@ -20,6 +20,7 @@ _OWV = rf"^({re.escape(P.FORMAT_ERROR)}|{re.escape(P.FAIL_OBS_OPENWEBVOYAGER)})$
 _WEBRL = r"^(No action specified: |Invalid action |Invalid element id |KeyError: |AttributeError: |TypeError: )"
 _AUTOUI = r"(Failed to translate action: .*, terminating the environment$|^Action .* Parsing Error: |^Action .* not supported yet\.$)"
 ERRORS = {"webvoyager": _WV, "webvoyager_text": _WV, "webvoyager_actree_image": _OWV, "openwebvoyager": _OWV,
+          "openwebvoyager_compact": _OWV,
           "webrl": _WEBRL, "webrl_extended": _WEBRL, "autoui": _AUTOUI, "autoui_faithful": _AUTOUI}
 
 # Derandomized so CI is reproducible; 1500 random examples per test passed when this was written.

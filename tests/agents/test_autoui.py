@@ -1,5 +1,7 @@
 """AutoUI / AitW format (DigiRL, Digi-Q): prompt, translate_action, to_autoui, Digi-Q utilities."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -118,3 +120,12 @@ def test_actionable_prompts_and_label():
   assert autoui.actionable_prompt(None) == "<image>\nYou're given a user interface. Is this action effective?" + suffix
   a = np.zeros((4, 4, 3), np.uint8)
   assert autoui.actionable_label(a, a + 5) == "No" and autoui.actionable_label(a, a + 6) == "Yes"  # MSE 25 vs 36
+
+
+def test_digiq_validity_of_a_point_with_an_invalid_escape_is_false_without_a_warning():
+  text = ('Action Plan: [TYPE] ; Action Decision: "action_type": "TYPE", "touch_point": "[-1.0, \'\\d\']", '
+          '"lift_point": "[-1.0, -1.0]", "typed_text": "x"')
+  with warnings.catch_warnings(record=True) as shown:
+    warnings.simplefilter("always")
+    assert autoui.is_action_valid(text) is False
+  assert not shown

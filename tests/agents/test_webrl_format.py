@@ -1,5 +1,7 @@
 """WebRL format: the Llama-3 completion prompt, `create_webrl_id_based_action`, the ORM input."""
 
+import warnings
+
 import pytest
 
 from jaxagent.agents import get_format
@@ -155,3 +157,34 @@ def test_early_stop_thresholds_and_zero_turns_a_rule_off():
   assert webrl.early_stop(_steps(*[CLICK] * 9), repeats=0) == ""
   assert webrl.early_stop(_steps(*["junk"] * 9), parse_failures=0, repeats=0) == ""
   assert webrl.early_stop([]) == ""
+
+
+
+def _parse_warning_free(text):
+  """The parse under `-W error`, and the warnings the same parse issues when every warning is shown."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    action = get_format("webrl").parse(text)
+  with warnings.catch_warnings(record=True) as shown:
+    warnings.simplefilter("always")
+    get_format("webrl").parse(text)
+  return action, [str(w.message) for w in shown]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('do(action="Type", element="3", argument="\\d+ items")', Action(ActionKind.TYPE, element=3, text="\\d+ items")),
+    ('do(action="Search", element="12", argument="price \\s")',
+     Action(ActionKind.TYPE, element=12, text="price \\s", enter=True)),
+    ('exit(message="matches \\w")', Action(ActionKind.ANSWER, text="matches \\w")),
+])
+def test_invalid_escapes_in_a_reply_parse_as_written_without_a_warning(text, expected):
+  """Model text like "\\d" is an invalid escape to Python's compiler: the original keeps it as written (with a
+  SyntaxWarning, a DeprecationWarning before 3.12); parsing it keeps it and warns about nothing."""
+  assert _parse_warning_free(text) == (expected, [])
+
+
+def test_a_malformed_number_in_a_reply_is_invalid_without_a_warning():
+  """`1if` is an "invalid decimal literal" warning to the compiler, then no literal: invalid, as the original."""
+  text = 'do(action="Type", element=1if 1 else 2, argument="x")'
+  action, shown = _parse_warning_free(text)
+  assert action == Action.invalid(f"No action specified: {text}") and shown == []

@@ -2,13 +2,15 @@
 acting prompt consistently: the prompt a policy sends is the training text up to the assistant's reply."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
 
 from jaxagent.data import conversation
 from jaxagent.data.tokenizer import IMAGE_TOKEN, load_tokenizer
-from jaxagent.pipeline.policy import render_prompt
+from jaxagent.serving.checkpoint import random_policy
+from jaxagent.serving.engine import Engine
 
 # Transcribed from the checkpoints' tokenizer_config.json / chat_template.json.
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -53,7 +55,9 @@ def test_spans_are_each_reply_and_its_closing_marker(name):
   assert text.count(IMAGE_TOKEN) == 2  # both placeholders survive, whichever content form the template reads
   # the acting prompt for the second reply is the training text up to it
   assert conversation.generation_prompt(SAMPLE["conversations"][:3], tok) == text[:spans[1][0]]
-  assert render_prompt(SAMPLE["conversations"][:1], tok) == text[:spans[0][0]]
+  engine = Engine(dataclasses.replace(random_policy("decoder", num_layers=1, hidden_size=64, head_dim=16,
+                                                   intermediate_size=128), tokenizer=tok))
+  assert engine.training_prompt(SAMPLE["conversations"][:1]) == text[:spans[0][0]]
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))

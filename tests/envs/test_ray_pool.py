@@ -26,6 +26,7 @@ import ray
 from jaxagent import config_lib
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
+from jaxagent.envs import backends
 from jaxagent.envs import pool as pool_lib
 from jaxagent.envs import ray_pool
 from jaxagent.envs.sites import expert, server, tasks
@@ -260,7 +261,7 @@ _DRIVER = textwrap.dedent("""
     import json, os, sys
     sys.path[:0] = {path!r}
     from jaxagent import types
-    from jaxagent.envs import pool as pool_lib
+    from jaxagent.envs import backends
     from jaxagent.rl import collector
     from jaxagent.envs import ray_pool
     tasks = [types.Task(id=f"t{{i}}", intent="", site="", start_url=f"fake://{{i}}", max_steps=3,
@@ -271,7 +272,7 @@ _DRIVER = textwrap.dedent("""
         return ["go"] * len(observations)
     env = dict(workers=2, step_timeout=10.0, reset_timeout=10.0, backend="ray", ray_address={address!r})
     import ml_collections
-    with pool_lib.make_pool({spec!r}, ml_collections.ConfigDict(env)) as p:
+    with backends.make_pool({spec!r}, ml_collections.ConfigDict(env)) as p:
       sessions = [os.getsid(p.worker_pid(i)) for i in range(len(p))]
       trajs = collector.collect(p, Echo(), say, tasks, progress=False)
       marker = p.marker
@@ -325,11 +326,11 @@ def test_make_pool_picks_the_backend_from_config_env(local_ray):
   env = config_lib.env_block(workers=1)
   assert env.backend == "subprocess" and env.ray_address == ""
   env.backend = "ray"
-  with pool_lib.make_pool(SPEC, env) as p:
+  with backends.make_pool(SPEC, env) as p:
     assert isinstance(p, ray_pool.RayEnvPool) and len(p) == 1
     assert p.reset([_task(0)])[0].obs.extra["pid"] == p.worker_pid(0)
   old = ml_collections.ConfigDict(dict(workers=1, step_timeout=5.0, reset_timeout=5.0))  # before `backend`
-  with pool_lib.make_pool(SPEC, old, num_workers=1) as p:
+  with backends.make_pool(SPEC, old, num_workers=1) as p:
     assert type(p) is pool_lib.EnvPool  # pylint: disable=unidiomatic-typecheck
 
 
@@ -337,7 +338,7 @@ def test_make_pool_refuses_an_unknown_backend():
   env = config_lib.env_block(workers=1)
   env.backend = "k8s"
   with pytest.raises(ValueError, match=r"config\.env\.backend='k8s'.*'subprocess'.*'ray'"):
-    pool_lib.make_pool(SPEC, env)
+    backends.make_pool(SPEC, env)
 
 
 # ------------------------------------------------------------------ real Chromium on the bundled sites

@@ -409,3 +409,22 @@ def test_digirl_few_shot_over_http(tmp_path):
     assert len(peer.state.bodies) == 3
     shown = _check_few_shot_parts(peer.state.bodies[2]["messages"][0]["content"], WEBSHOP, "do it", image_of)
     assert np.asarray(shown)[0, 0, 0] == 150
+
+
+@pytest.mark.parametrize("key, value, rule", [("timeout_s", -1.0, "a number > 0"),
+                                              ("max_retries", "3", "an integer >= 0"),
+                                              ("concurrency", 0, "an integer >= 1")])
+def test_a_bad_judge_setting_is_refused_at_construction_naming_the_key_and_the_fix(key, value, rule):
+  with pytest.raises(ValueError, match=rf"LLMJudgeConfig: {key}={value!r} must be {rule} .*; set {key}="):
+    LLMJudgeConfig(**{key: value})
+  with pytest.raises(ValueError, match=rf"LLM judge config: {key}={value!r} must be {rule} .*; set {key}="):
+    LLMJudge({key: value})
+
+
+def test_each_protocol_has_its_module_and_llm_keeps_their_names():
+  from jaxagent.judges import digirl, digirl_prompts, webvoyager
+  assert llm.parse_webvoyager_verdict is webvoyager.parse_webvoyager_verdict
+  assert llm.webvoyager_messages is webvoyager.webvoyager_messages
+  assert llm.digirl_messages is digirl.digirl_messages and llm.parse_digirl_status is digirl.parse_digirl_status
+  assert llm.DIGIRL_EXEMPLARS is digirl_prompts.DIGIRL_EXEMPLARS and os.path.isdir(llm.DIGIRL_ASSETS)
+  assert llm.PROTOCOLS == ("webvoyager", "digirl")

@@ -2,7 +2,7 @@
 
 `models.build` → a frozen ViT under AutoUI; `data.seq2seq` encodes the device recipes' conversation samples;
 `pipeline.finetune` trains it (the recipes' losses read the seq2seq batch); `serving.load_policy` rebuilds the
-workdir and `pipeline.seq2seq_policy.Seq2SeqPolicy` acts with it.
+workdir and `pipeline.policy.ModelPolicy` acts with it (`serving.seq2seq_engine`).
 """
 
 import jax
@@ -21,7 +21,7 @@ from jaxagent.models import autoui
 from jaxagent.pipeline import device
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.seq2seq_policy import Seq2SeqPolicy
+from jaxagent.pipeline.policy import ModelPolicy
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
@@ -127,12 +127,12 @@ def test_a_finetuned_workdir_reloads_and_acts_with_its_training_reply(tmp_path, 
   fresh = models.build(config, tokenizer).init()  # eager here, jitted in training: equal up to float rounding
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                jax.device_get(nnx.state(fresh.image_encoder)), jax.device_get(nnx.state(loaded.model.image_encoder)))
-  policy = Seq2SeqPolicy(loaded, device.FORMAT, device.prompt_fn, temperature=0.0, max_tokens=24, max_batch=4)
+  policy = ModelPolicy(loaded, device.FORMAT, temperature=0.0, max_tokens=24, max_batch=4)
   image = np.asarray(Image.open(screen).convert("RGB"))
   turns = [device.turn("Goal: hi</s>")] * 3  # 3 rows: padded to the 4-row bucket
-  assert policy.generate(turns, [[image]] * 3) == [REPLY] * 3
-  again = Seq2SeqPolicy(load_policy(workdir), device.FORMAT, device.prompt_fn, temperature=0.0, max_tokens=24)
-  assert again.generate(turns[:1], [[image]]) == [REPLY]
+  assert policy.generate_turns(turns, [[image]] * 3) == [REPLY] * 3
+  again = ModelPolicy(load_policy(workdir), device.FORMAT, temperature=0.0, max_tokens=24)
+  assert again.generate_turns(turns[:1], [[image]]) == [REPLY]
   assert policy.stats["rows"] == 3 and not policy.stats["too_long"]
 
 

@@ -1,5 +1,5 @@
 """Qwen2.5-VL through `config.model.hf_checkpoint`: preprocessing, a training sample's tokens and M-RoPE positions,
-`finetune`, and acting through `VLMPolicy`, each against `transformers` on a tiny random checkpoint.
+`finetune`, and acting through `ModelPolicy`, each against `transformers` on a tiny random checkpoint.
 
 No Qwen tokenizer is available offline, so the checkpoint's tokenizer is a byte-level BPE trained here on the
 agent corpus with Qwen2.5-VL's special tokens (`<|im_start|>`, `<|im_end|>`, `<|vision_start|>`, `<|image_pad|>`,
@@ -17,8 +17,9 @@ from PIL import Image
 
 from configs import il as il_config
 from jaxagent import models
-from jaxagent.data import conversation, pipeline, qwen_vl
+from jaxagent.data import conversation, pipeline
 from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.models import qwen_vl
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>"]
@@ -194,19 +195,19 @@ def test_finetune_from_the_directory_lowers_the_loss(trained):
 
 @pytest.mark.slow
 def test_trained_policy_acts_as_transformers_generates(checkpoint, trained, tmp_path):
-  from jaxagent.pipeline.policy import VLMPolicy
+  from jaxagent.pipeline.policy import ModelPolicy
   from jaxagent.serving import checkpoint as ckpt
   from jaxagent.serving.qwen_engine import QwenVLEngine
 
   loaded = ckpt.load_policy(trained)
   assert qwen_vl.is_qwen(loaded) and loaded.num_image_tokens == 16
-  policy = VLMPolicy(loaded, fmt=None, prompt_fn=None, temperature=0.0, max_tokens=12)
+  policy = ModelPolicy(loaded, "autoui", temperature=0.0, max_tokens=12)
   assert isinstance(policy.engine, QwenVLEngine)
   image = _image(7)
   tasks = ["Task 1: what do you click?", "Task 3: the search box is empty, so what do you click next?"]
   rows = [[{"from": "human", "value": f"<image>\n{t}"}] for t in tasks]
-  got = policy.generate(rows, [[image], [image]])  # one sampler call; the shorter prompt is right-padded
-  sampled = policy.generate(rows, [[image], [image]], temperature=1.0)
+  got = policy.generate_turns(rows, [[image], [image]])  # one sampler call; the shorter prompt is right-padded
+  sampled = policy.generate_turns(rows, [[image], [image]], temperature=1.0)
   assert len(sampled) == 2 and all(isinstance(x, str) for x in sampled)
 
   exported = ckpt.export_policy(loaded, str(tmp_path / "export"))

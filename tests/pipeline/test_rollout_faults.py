@@ -8,7 +8,7 @@ import ml_collections
 
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.pipeline import device
+from jaxagent.pipeline import device, evaluate
 from jaxagent.pipeline import rollout as rollout_lib
 from jaxagent.pipeline.tasks import errored_count, success_rate
 
@@ -66,7 +66,7 @@ def test_errored_episodes_run_again_on_resume_up_to_the_budget(tmp_path):
   first = _run(tasks, store)
   assert [t.status for t in first] == ["errored", "completed"]
   assert success_rate(first) == 1.0 and errored_count(first) == 1  # errored is not a failure
-  summary = device.eval_summary(first, 1.0)
+  summary = evaluate.summary(first, 1.0)
   assert summary["episodes"] == 1 and summary["errored"] == 1 and summary["success_rate"] == 1.0
 
   resumed = _run(tasks, store)  # the resume runs t0 again (not t1), and now it succeeds

@@ -6,7 +6,7 @@ import pytest
 
 from jaxagent.data import conversation
 from jaxagent.pipeline import scoring
-from jaxagent.serving.checkpoint import LoadedPolicy
+from jaxagent.serving.checkpoint import LoadedModel
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_a_sample_without_a_reply_or_a_model_that_is_not_a_decoder_is_refused(lo
     scoring.score(loaded, [no_reply])
   with pytest.raises(ValueError, match="no assistant reply"):
     scoring.encode(no_reply, loaded.tokenizer)
-  vlm = LoadedPolicy(model=None, tokenizer=loaded.tokenizer, kind="vlm", name="v")
+  vlm = LoadedModel(model=None, tokenizer=loaded.tokenizer, kind="vlm", name="v")
   with pytest.raises(ValueError, match="text decoders"):
     scoring.score(vlm, [MID])
 

@@ -76,9 +76,24 @@ def test_run_seeds_runs_each_seed_in_its_own_workdir(tmp_path):
   assert config.seed == 0  # the caller's config is not changed
   with open(tmp_path / "results.json") as f:
     saved = json.load(f)
-  assert saved == out and saved["seeds"] == [3, 1]
+  assert "packages" in saved.pop("provenance") and saved == out and saved["seeds"] == [3, 1]
   assert saved["actor"]["success_rate"] == pytest.approx(0.5)
   assert saved["actor"]["per_seed"] == {"3": 0.75, "1": 0.25}
+
+
+def test_a_recipe_returning_a_checkpoint_path_gets_its_per_seed_checkpoints_listed(tmp_path, capsys):
+  """The il recipe returns its final checkpoint, not results: nothing to average, each seed's path recorded."""
+  config = ml_collections.ConfigDict({"seed": 0})
+  out = seeds.run_seeds(lambda cfg, workdir: os.path.join(workdir, "checkpoints", "7"), config, str(tmp_path),
+                        [0, 2], lambda cfg, d: None)
+  want = {"0": str(tmp_path / "seed0" / "checkpoints" / "7"), "2": str(tmp_path / "seed2" / "checkpoints" / "7")}
+  assert out == {"seeds": [0, 2], "per_seed": want}
+  with open(tmp_path / "results.json") as f:
+    saved = json.load(f)
+  assert "packages" in saved.pop("provenance") and saved == out
+  printed = capsys.readouterr().out
+  assert "no evaluation results to combine" in printed and "python -m jaxagent.evaluate" in printed
+  assert f"seed 2: {want['2']}" in printed
 
 
 def test_cli_refuses_bad_seeds_before_any_work(tmp_path):

@@ -49,7 +49,7 @@ def test_results_cover_the_four_policies_on_held_out_episodes(pipeline):
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == results
+  assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
   for name in ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"):
     assert saved[name]["episodes"] == config.eval.episodes
     assert 0.0 <= saved[name]["success_rate"] <= 1.0
@@ -178,7 +178,7 @@ class _ScriptedSampler:
   def __init__(self, texts):
     self.texts, self.calls = list(texts), []
 
-  def generate(self, prompts, images, temperature=None):
+  def generate_turns(self, prompts, images, temperature=None):
     self.calls.append(len(prompts))
     return [self.texts.pop(0) for _ in prompts]
 

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
+import acting
 import killed_run
 from configs import digirl as digirl_config
 from configs import filtered_bc as filtered_bc_config
@@ -58,7 +59,7 @@ def test_results_report_the_four_policies_on_the_same_held_out_episodes(pipeline
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == results
+  assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
   assert list(saved) == ["il", "filtered_bc", "digirl_offline", "digirl_off2on"]
   for name, r in saved.items():
     assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
@@ -190,3 +191,15 @@ def test_filtered_bc_config_is_digirl_with_the_baseline_algorithm():
   assert fbc.algorithm == "filtered_bc" and base.algorithm == "digirl"
   fbc.algorithm = "digirl"
   assert fbc.to_dict() == base.to_dict()
+
+
+@pytest.mark.slow
+def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tmp_path, monkeypatch):
+  """`jaxagent.evaluate --policy <the online actor>` prompts it as the recipe's evaluation does (its agent.json:
+  the AutoUI turn over the 1/4 screenshot, the parse rule), with the same verdicts."""
+  config, workdir, _, _ = pipeline
+  name = f"{config.algorithm}_{config.mode}"
+  actor = digirl.policies(config, workdir)[name]
+  acting.assert_cli_acts_as_the_recipe(monkeypatch, tmp_path, config,
+                                       acting.recipe_evaluation_of(monkeypatch, digirl, name, workdir), name, actor,
+                                       digirl.test_episodes(config, workdir))

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import acting
 from configs import digirl as digirl_config
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline.config import validate
@@ -31,7 +32,7 @@ def test_every_stage_runs_and_results_report_every_policy(pipeline):
     assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == results
+  assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
   assert list(saved) == ["il", "filtered_bc", "digirl_offline", "digirl_off2on"]
   for name, r in saved.items():
     assert r["episodes"] == config.eval.episodes and r["errored"] == 0, name
@@ -53,3 +54,15 @@ def test_the_actors_are_autoui_and_the_critics_read_its_frozen_encoder(pipeline)
   store = TrajectoryStore(os.path.join(workdir, "offline_data", "store"))
   actions = [s.action_text for i in range(len(store)) for s in store.read(i).steps]
   assert actions and all(isinstance(a, str) for a in actions)  # the IL AutoUI acted in the offline rollouts
+
+
+@pytest.mark.slow
+def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tmp_path, monkeypatch):
+  """`jaxagent.evaluate --policy <the online actor>` prompts it as the recipe's evaluation does (its agent.json:
+  the AutoUI turn over the 1/4 screenshot, the parse rule), with the same verdicts."""
+  config, workdir, _ = pipeline
+  name = f"{config.algorithm}_{config.mode}"
+  actor = digirl.policies(config, workdir)[name]
+  acting.assert_cli_acts_as_the_recipe(monkeypatch, tmp_path, config,
+                                       acting.recipe_evaluation_of(monkeypatch, digirl, name, workdir), name, actor,
+                                       digirl.test_episodes(config, workdir))

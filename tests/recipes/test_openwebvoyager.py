@@ -12,8 +12,10 @@ import time
 
 import pytest
 
+import acting
 from jaxagent import types
-from jaxagent.pipeline.tasks import disjoint_sets
+from jaxagent.pipeline.tasks import disjoint_sets, read_tasks
+from jaxagent.recipes import openwebvoyager
 from jaxagent.proj.owv import data as owv_data
 from jaxagent.proj.owv import explore as owv_explore
 
@@ -271,6 +273,15 @@ def test_smoke_run_killed_inside_a_stage_resumes_there(tmp_path):
   again = _run(workdir)  # everything done: nothing reruns, same results
   assert again.count("done already") == 7
   assert json.load(open(os.path.join(workdir, "results.json"))) == results
+
+  # `jaxagent.evaluate --policy <the IL actor>` prompts it as the recipe's evaluation does (its agent.json: the
+  # compact tree, history images, parse rule), on the same episodes, with the same verdicts.
+  config = acting.workdir_config(workdir)
+  config.eval.miniwob = ""
+  with pytest.MonkeyPatch.context() as monkeypatch:
+    acting.assert_cli_acts_as_the_recipe(
+        monkeypatch, tmp_path, config, lambda c, out: openwebvoyager.stage_eval(c, workdir, out, 0), "test",
+        os.path.join(workdir, "il", "train"), read_tasks(os.path.join(workdir, "tasks", "test.jsonl")))
 
 
 def test_released_folders_convert_finished_tasks_only(tmp_path):

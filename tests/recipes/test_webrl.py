@@ -8,19 +8,21 @@ process: the restarted run must keep that episode, run only the rest, and finish
 import json
 import os
 import shutil
+import types
 
 import pytest
 
+import acting
 import killed_run
 from configs import webrl as webrl_config
-from jaxagent.agents.webrl import WebRL, current_html
+from jaxagent.agents.webrl import WebRL
 from jaxagent.data import tokenizer as tokenizer_lib
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import device
 from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.pipeline.stages import DONE
 from jaxagent.recipes import webrl
-from jaxagent.types import Observation
+from jaxagent.types import Action, Step
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,8 @@ def test_results_compare_sft_and_each_phase_on_the_same_held_out_episodes(pipeli
   config, workdir, results, _ = pipeline
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == results and list(saved) == ["sft", "phase1", "phase2"]
+  assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
+  assert list(saved) == ["sft", "phase1", "phase2"]
   episodes = sorted(t.id for t in webrl.test_episodes(config, workdir))
   for name, r in saved.items():
     assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
@@ -154,18 +157,21 @@ def test_a_bad_early_stop_threshold_is_refused_naming_the_key(key, value):
 
 
 def test_every_policy_rollout_ends_by_the_configured_early_stop(monkeypatch):
+  """The thresholds are the actors' format options (so `agent.json` carries them to any loader), and every
+  policy rollout (the ORM data's, the phases' and, through `evaluate_actors`, the evaluation's) ends by them."""
   config = webrl_config.get_config()
-  assert webrl.early_stop_rule(config).keywords == {"parse_failures": 5, "repeats": 5}
+  fmt = webrl.agent_format(config)
+  assert (fmt.stop_parse_failures, fmt.stop_repeats) == (5, 5)
   seen = []
-  monkeypatch.setattr(webrl, "load_vlm_policy", lambda *args: "the actor")
+  monkeypatch.setattr(webrl, "load_actor", lambda *args: types.SimpleNamespace(fmt=fmt))
   monkeypatch.setattr(webrl.device, "rollout", lambda *args, **kwargs: seen.append(kwargs["early_stop"]) or [])
-  webrl._rollout(config, "sft", 0.0, [], "store", "sft", 0)  # the ORM data's, the phases' and the evaluation's
-  assert seen[0].keywords == {"parse_failures": 5, "repeats": 5}
-  config.early_stop.update(parse_failures=0, repeats=3)
   webrl._rollout(config, "sft", 0.0, [], "store", "sft", 0)
-  assert seen[1].keywords == {"parse_failures": 0, "repeats": 3}
+  invalid = Step(step=0, action_text="x", action=Action.invalid("no"))
+  assert seen[0]([invalid] * 5) == "Failed to parse actions for 5 times" and seen[0]([invalid] * 4) == ""
+  config.early_stop.update(parse_failures=0, repeats=3)
+  assert webrl.agent_format(config).early_stop([invalid] * 3) == "Same action for 3 times"
   config.early_stop.repeats = 0
-  assert webrl.early_stop_rule(config) is None
+  assert webrl.agent_format(config).early_stop([invalid] * 9) == ""
 
 
 def test_compact_html_keeps_the_ids_the_actions_name():
@@ -177,25 +183,6 @@ def test_compact_html_keeps_the_ids_the_actions_name():
   assert '<a id="3"> Audio </a>' in compact
 
 
-def test_the_sft_warmup_trains_on_the_same_samples_with_short_pages_first(monkeypatch, tmp_path):
-  config = webrl_config.get_config()
-  config.sft.warmup.update(steps=7, prompt_chars=20)
-  html = "<html> " + " ".join(f'<a id="{i}"> Link {i} </a>' for i in range(40)) + " </html>"
-  prompt = WebRL().build_prompt("Open link 3", Observation(url="", html=html, intent="Open link 3"), [])
-  items = [webrl.data.sample("t-1", prompt, 'do(action="Click", element="3")')]
-  calls = []
-  monkeypatch.setattr(webrl, "finetune", lambda cfg, out, its, **kw: calls.append((cfg, out, its, kw)))
-  start = webrl._warmup(config, config.sft, "tok", items, webrl.data.cut_html, str(tmp_path / "warmup"))
-  assert start == str(tmp_path / "warmup")
-  (cfg, out, short, kw), = calls
-  assert out == start and cfg.train.steps == 7 and cfg.data.tokenizer == "tok" and kw == {"init_from": None}
-  assert short[0]["conversations"][1] == items[0]["conversations"][1]  # the reply unchanged
-  assert current_html(short[0]["conversations"][0]["value"]) == html[:20]
-  config.sft.warmup.steps = 0
-  assert webrl._warmup(config, config.sft, "", items, webrl.data.cut_html, "off", init_from="W/sft") == "W/sft"
-  assert len(calls) == 1
-
-
 @pytest.mark.parametrize("stage", ["sft", "orm"])
 @pytest.mark.parametrize("key,value", [("steps", -1), ("prompt_chars", 0)])
 def test_a_bad_warmup_value_is_refused_naming_the_key(stage, key, value):
@@ -205,14 +192,19 @@ def test_a_bad_warmup_value_is_refused_naming_the_key(stage, key, value):
     webrl.check_config(config)
 
 
-def test_the_actor_trains_at_most_actor_epochs_passes_over_its_samples():
+def test_a_non_positive_actor_epochs_is_refused():
   config = webrl_config.get_config()
-  config.actor.train.update(steps=100, batch_size=4)
-  config.actor.epochs = 2.0
-  assert webrl.actor_steps(config, 191) == 96  # ceil(2 × 191 / 4)
-  assert webrl.actor_steps(config, 12) == 6
-  assert webrl.actor_steps(config, 400) == 100  # the configured steps when they are fewer
-  assert webrl.actor_steps(config, 0) == 1
   config.actor.epochs = 0.0
   with pytest.raises(ConfigError, match=r"config\.actor\.epochs=0\.0"):
     webrl.check_config(config)
+
+
+@pytest.mark.slow
+def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tmp_path, monkeypatch):
+  """`jaxagent.evaluate --policy <phase 2's actor>` prompts it as the recipe's evaluation does (its agent.json:
+  compact HTML, the prompt cut, the chat template, VAB's early stop), with the same verdicts."""
+  config, workdir, _, _ = pipeline
+  actor = webrl.phase_actor(workdir, int(config.phases))
+  acting.assert_cli_acts_as_the_recipe(monkeypatch, tmp_path, config,
+                                       acting.recipe_evaluation_of(monkeypatch, webrl, f"phase{config.phases}", workdir),
+                                       f"phase{config.phases}", actor, webrl.test_episodes(config, workdir))

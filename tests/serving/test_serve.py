@@ -1,10 +1,12 @@
 """The policy server over real HTTP: the `openai` client (text, images, streaming), OpenWebVoyager's /predict,
-malformed requests answered 4xx while the server keeps serving, and concurrent requests batched."""
+malformed requests answered 4xx while the server keeps serving, and concurrent requests batched; then the
+protocol's pieces (`serving/openai_api.py`: validation, logprobs and usage shapes) called directly."""
 
 import base64
 import concurrent.futures
 import io
 import pickle
+import re
 
 import httpx
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 from PIL import Image
 
 from jaxagent import serve
-from jaxagent.serving.engine import GenerationRequest
+from jaxagent.serving import openai_api as api
+from jaxagent.serving.engine import GenerationRequest, GenerationResult
 
 
 def _png(seed: int, size=(40, 56)) -> tuple[np.ndarray, str]:
@@ -148,3 +151,104 @@ def test_concurrent_requests_share_decode_steps(server, client):
   delta = {k: after[k] - before[k] for k in ("requests", "steps", "active_slot_steps", "completion_tokens")}
   assert delta["requests"] == 8 and all(o.usage.completion_tokens >= 1 for o in outs)
   assert delta["active_slot_steps"] >= 2 * delta["steps"], delta  # decode steps advanced several requests at once
+
+
+# ----------------------------------------------------------------- the protocol's pieces, without HTTP or a model
+
+
+def _served(max_new_tokens: int = 64):
+  """A ServedModel over a stand-in engine: parsing reads only its token limit, formatting only its tokenizer."""
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  engine = SimpleNamespace(max_new_tokens=max_new_tokens, policy=SimpleNamespace(tokenizer=None))
+  return api.ServedModel(SimpleNamespace(engine=engine), "m")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"temperature": "hot"}, "'temperature' must be a number, got 'hot'"),
+    ({"top_p": True}, "'top_p' must be a number"),
+    ({"max_tokens": 2.5}, "'max_tokens' must be an integer"),
+    ({"max_completion_tokens": "ten", "max_tokens": 4}, "'max_tokens' must be an integer, got 'ten'"),
+    ({"n": 0}, "'n' must be in [1, 16]"),
+    ({"seed": "1"}, "'seed' must be an integer"),
+    ({"stop": ["a"] * 9}, "'stop' must be a string or a list of at most 8 strings"),
+])
+def test_sampling_params_name_the_bad_field(body, needle):
+  with pytest.raises(api.BadRequest, match=re.escape(needle)) as e:
+    api.sampling_params(body, 16)
+  assert e.value.status == 400
+
+
+def test_sampling_params_defaults_and_seeded_choices():
+  assert api.sampling_params({}, 16) == {"n": 1, "max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "stop": (),
+                                         "seed": None}
+  params = api.sampling_params({"n": 3, "seed": 7, "max_completion_tokens": 5, "max_tokens": 9, "stop": "\n"}, 16)
+  reqs = api.requests_for("hi", params, echo=True)
+  assert [r.seed for r in reqs] == [7, 8, 9] and {(r.max_tokens, tuple(r.stop), r.echo) for r in reqs} == {
+      (5, ("\n",), True)}
+
+
+def test_parse_checks_the_model_first_then_the_fields_in_order():
+  served = _served()
+  with pytest.raises(api.BadRequest, match="not served here") as e:
+    api.parse_chat(served, {"model": "gpt-9", "n": 99, "messages": "x"})
+  assert e.value.status == 404
+  with pytest.raises(api.BadRequest, match=re.escape("'top_logprobs' must be in [0, 20]")):
+    api.parse_chat(served, {"logprobs": True, "top_logprobs": 21, "messages": "x"})
+  chat = api.parse_chat(served, {"messages": [{"role": "developer", "content": "be brief"}], "n": 2, "stream": 1,
+                                 "top_logprobs": 99})  # top_logprobs is ignored without logprobs
+  assert chat.stream and not chat.logprobs and len(chat.requests) == 2
+  assert chat.requests[0].prompt == [{"role": "system", "content": "be brief"}] and chat.requests[0].max_tokens == 64
+  with pytest.raises(api.BadRequest, match="needs 'echo': true"):
+    api.parse_completion(served, {"prompt": "x", "max_tokens": 0})
+  cmpl = api.parse_completion(_served(max_new_tokens=8), {"prompt": ["a", "b"], "n": 2, "logprobs": 0})
+  assert [r.prompt for r in cmpl.requests] == ["a", "a", "b", "b"] and cmpl.requests[0].max_tokens == 8
+  assert cmpl.logprobs == 0 and not cmpl.echo
+  predict = api.parse_predict(served, {"conversations": [{"role": "human", "content": "hi"}]})
+  assert (predict.temperature, predict.max_tokens) == (api.OWV_TEMPERATURE, 64)
+  assert predict.prompt == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+
+_TEXT = {1: "a", 2: "é", 3: "bc", 5: "The", 6: " cat"}.__getitem__
+
+
+def test_chat_logprobs_in_openais_form():
+  result = GenerationResult("aé", 4, 2, "length", tokens=[1, 2], token_logprobs=[-0.1, -0.2],
+                            top_logprobs=[([1, 3, 2], [-0.1, -2.0, -3.0]), ([2, 1, 3], [-0.2, -1.5, -4.0])])
+  out = api.chat_logprobs(result, 2, _TEXT)
+  assert out["content"][1] == {"token": "é", "logprob": -0.2, "bytes": [195, 169], "top_logprobs": [
+      {"token": "é", "logprob": -0.2, "bytes": [195, 169]}, {"token": "a", "logprob": -1.5, "bytes": [97]}]}
+  assert [t["token"] for t in out["content"][0]["top_logprobs"]] == ["a", "bc"]
+  assert api.chat_logprobs(result, 0, _TEXT)["content"][0]["top_logprobs"] == []
+
+
+def test_completion_logprobs_echo_the_prompt_first():
+  result = GenerationResult("bc", 2, 1, "length", tokens=[3], token_logprobs=[-0.7], top_logprobs=[([3], [-0.7])],
+                            prompt_ids=[5, 6], prompt_logprobs=([-1.25], [[6, 1]], [[-1.25, -2.5]]))
+  out = api.completion_logprobs(result, 1, True, _TEXT)
+  assert out == {"tokens": ["The", " cat", "bc"], "token_logprobs": [None, -1.25, -0.7],
+                 "top_logprobs": [None, {" cat": -1.25}, {"bc": -0.7}], "text_offset": [0, 3, 7]}
+  assert api.completion_logprobs(result, 0, False, _TEXT) == {"tokens": ["bc"], "token_logprobs": [-0.7],
+                                                               "top_logprobs": [{}], "text_offset": [0]}
+  # two prompts, n=2 each: the echoed text is each choice's own prompt, and each prompt counts once in usage
+  cmpl = api.CompletionRequest([], ["The", "a"], 2, None, True, False)
+  results = [GenerationResult(t, p, 1, "stop") for t, p in (("x", 2), ("y", 2), ("z", 1), ("w", 1))]
+  out = api.completion_response({"id": "cmpl-1"}, cmpl, results, _TEXT)
+  assert [c["text"] for c in out["choices"]] == ["Thex", "They", "az", "aw"]
+  assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+def test_a_trained_actors_server_reports_how_it_acts(tmp_path):
+  """`serve.build` on a directory with an `agent.json` lists the format a client prompts the actor in."""
+  from jaxagent.agents import spec as agent_spec  # pylint: disable=g-import-not-at-top
+  from jaxagent.agents.webrl import WebRL  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.checkpoint import export_policy, random_policy  # pylint: disable=g-import-not-at-top
+
+  loaded = random_policy("decoder", num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128)
+  path = export_policy(loaded, str(tmp_path / "actor"))
+  assert "agent" not in api.models(api.ServedModel(None, "m"))["data"][0]  # a model with no agent.json
+  agent_spec.write(path, WebRL(compact=True), loaded.tokenizer.chat_template)
+  app, _ = serve.build(path, max_batch=1, max_new_tokens=8)
+  route = next(r for r in app.routes if getattr(r, "path", "") == "/v1/models")
+  import asyncio  # pylint: disable=g-import-not-at-top
+  listed = asyncio.run(route.endpoint())["data"][0]
+  assert listed["agent"] == {"format": "webrl", "options": WebRL(compact=True).options(), "parse": "faithful"}

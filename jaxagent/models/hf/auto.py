@@ -2,7 +2,7 @@
 
 Each module has `config_from_dir(path)`, `load_pretrained(path, mesh)`, `save_pretrained(model, cfg, path, ...)`
 and (LLaVA, idefics2) `image_preprocessing(path)`; `models.build`, `serving.checkpoint` and `export` go through
-here. Qwen2.5-VL's images are fixed-resolution patches (`data.qwen_vl.QwenImages`), not `vit` images.
+here. Qwen2.5-VL's images are fixed-resolution patches (`models.qwen_vl.QwenImages`), not `vit` images.
 """
 
 from __future__ import annotations

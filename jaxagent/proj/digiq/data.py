@@ -34,7 +34,7 @@ def sample_candidates(policy, prompts: Sequence[str], images, n: int, temperatur
   for attempt in range(resample + 1):
     if not todo:
       break
-    texts = policy.generate([turn(prompts[i]) for i, _ in todo], [[images[i]] for i, _ in todo], temperature)
+    texts = policy.generate_turns([turn(prompts[i]) for i, _ in todo], [[images[i]] for i, _ in todo], temperature)
     left = []
     for (i, k), text in zip(todo, texts):
       out[i][k] = text

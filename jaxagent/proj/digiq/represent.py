@@ -167,7 +167,7 @@ class Encoder:
     self.image_id = loaded.image_token_id
 
   def _ids(self, prompt: str) -> np.ndarray:
-    # The prefix of training's render, tokenised as training does (`conversation.tokenize`). (`render_prompt`
+    # The prefix of training's render, tokenised as training does (`conversation.tokenize`). (`Engine.training_prompt`
     # drops a textual BOS for a tokenizer that adds one itself, which then needs add_special_tokens=True.)
     text = conversation.generation_prompt([{"from": "human", "value": prompt}], self.tokenizer)
     ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)

@@ -8,7 +8,6 @@ on disk, and mixes the sources of an optimisation iteration (`mix`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -22,60 +21,18 @@ from jaxagent import types
 from jaxagent.agents import openwebvoyager
 from jaxagent.data import conversation
 from jaxagent.data.store import TrajectoryStore
-from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.pipeline import distributed, rollout
 from jaxagent.pipeline.stages import write_json, write_text
 
 # ------------------------------------------------------------------------------------ observation
 
-_URL = re.compile(r" url: \S+")
-
-
-def compact_tree(tree: str, max_lines: int = 0, drop_urls: bool = False) -> str:
-  """The accessibility tree shortened for a small context: `url:` attributes dropped (they carry the episode's
-  session id, noise to the policy) and only the first `max_lines` lines kept (0 = all). Element ids are the
-  tree's own, so an id the policy reads is the id the env executes."""
-  if drop_urls:
-    tree = _URL.sub("", tree)
-  if max_lines > 0:
-    tree = "\n".join(tree.split("\n")[:max_lines])
-  return tree
-
-
-class CompactOpenWebVoyager(openwebvoyager.OpenWebVoyager):
-  """OpenWebVoyager's format (§2.2) with `compact_tree` applied to every observation: the CPU default's
-  concession to a 1–2k-token context (the paper's 8192 holds the full tree; `max_lines=0, drop_urls=False`
-  is the original byte for byte)."""
-
-  name = "openwebvoyager_compact"
-
-  def __init__(self, max_tree_lines: int = 0, drop_urls: bool = False, n_steps: int = openwebvoyager.LAST_N):
-    super().__init__(n_steps)
-    self.max_tree_lines, self.drop_urls = int(max_tree_lines), bool(drop_urls)
-
-  def observation_text(self, task, observation, history) -> str:
-    obs = dataclasses.replace(observation, a11y_tree=compact_tree(observation.a11y_tree or "",
-                                                                  self.max_tree_lines, self.drop_urls))
-    return super().observation_text(task, obs, history)
+compact_tree = openwebvoyager.compact_tree
+CompactOpenWebVoyager = openwebvoyager.CompactOpenWebVoyager
 
 
 def make_format(config) -> CompactOpenWebVoyager:
   o = config.observation
   return CompactOpenWebVoyager(int(o.max_tree_lines), bool(o.drop_urls), int(o.history_images))
-
-
-def prompt_fn(fmt: CompactOpenWebVoyager):
-  """`VLMPolicy`'s prompt: the compressed conversation the samples were built from (`fmt.conversation`), with
-  the screenshots its `<image>` markers name (the last ≤3, §2.2)."""
-
-  def prompt(observation: types.Observation, history: Sequence[types.Step]) -> tuple[list[dict], list]:
-    turns = fmt.conversation(observation.intent, observation, history)
-    shots = [s.observation.screenshot if s.observation is not None and s.observation.screenshot is not None
-             else s.image_path for s in history] + [observation.screenshot]
-    n = sum(t["value"].count(IMAGE_TOKEN) for t in turns)
-    return turns, shots[len(shots) - n:] if n else []
-
-  return prompt
 
 
 # ---------------------------------------------------------------------------------------- samples

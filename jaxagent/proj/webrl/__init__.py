@@ -1,1 +1,1 @@
-"""WebRL (`reference/algorithms.md` §3): its ORM, critic, curriculum and replay buffer on the shared layer."""
+"""WebRL (`reference/algorithms.md` §3): its rows, warm-up, ORM, critic, curriculum and replay buffer."""

@@ -13,19 +13,24 @@ either critic head's success probability on its round-0 prompt (the intent over 
 its prompt verbatim, per site `turns` requests of min(`seeds`, |failed|) failed intents, temperature 1, top_p 1,
 tasks read with its regex. Its tasks have no evaluator (`evaluator == {}`: the programmatic judge leaves them
 unjudged, the ORM gives their reward) and must be kept apart from the test intents by the caller
-(`drop_intents`).
+(`drop_intents`). `candidates` and `critic_passed` make a phase's tasks from these on the run's files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import re
 from typing import Any, Callable, Sequence
 
 from jaxagent import openai_client, types
 from jaxagent.agents import webrl as fmt
+from jaxagent.pipeline import distributed
+from jaxagent.pipeline import tasks as tasks_lib
+from jaxagent.pipeline.stages import read_json, write_json
+from jaxagent.proj.webrl import critic
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +187,56 @@ def drop_intents(tasks: Sequence[types.Task], intents: Sequence[str]) -> tuple[l
   banned = {_norm(i) for i in intents}
   kept = [t for t in tasks if _norm(t.intent) not in banned]
   return kept, len(tasks) - len(kept)
+
+
+# ----------------------------------------------------------------------------------- a phase's tasks
+
+
+def _previous_failures(workdir: str, t: int) -> list[types.Task]:
+  """The tasks phase t's curriculum starts from: π_0's failed ORM rollouts, then phase t−1's failures."""
+  if t == 1:
+    return tasks_lib.read_tasks(os.path.join(workdir, "orm", "failed.jsonl"))
+  return tasks_lib.read_tasks(os.path.join(workdir, f"phase{t - 1}", "labels", "failed.jsonl"))
+
+
+def candidates(config, workdir: str, t: int, n: int, out: str) -> tuple[list[types.Task], dict]:
+  """Phase t's candidate tasks from phase t−1's failures, and their summary: `n` variations of the failed tasks'
+  templates, or (`curriculum.generator=openai`) what the LLM writes from them (from the train pool when nothing
+  failed), less those whose intent is a test intent, shuffled. Process 0 asks the LLM once; its tasks are kept
+  in `out/generated.jsonl` (a resumed stage asks no more; none kept: a rerun asks again) and read by every
+  process."""
+  pool = tasks_lib.suite(workdir, "train")
+  failed = _previous_failures(workdir, t)
+  info = {"failed_seeds": len(failed)}
+  if config.curriculum.generator != "openai":
+    found = variations(failed, pool, n, int(config.seed) + 100 + t, f"p{t}.")
+    return found, {**info, "candidates": len(found)}
+  path, stats_path = os.path.join(out, "generated.jsonl"), os.path.join(out, "generated.json")
+  if distributed.is_main() and not os.path.exists(path):
+    generator = OpenAIGenerator(config.curriculum.openai)
+    written, lost = generator.generate(failed or pool, int(config.seed) + 100 + t, f"p{t}.")
+    kept, dropped = drop_intents(written, [x.intent for x in tasks_lib.suite(workdir, "test")])
+    random.Random(int(config.seed) + 200 + t).shuffle(kept)  # `n` and the filter cut sites evenly
+    stats = generator.stats
+    write_json(stats_path, {"generated": len(written), "test_intent_drops": dropped, "turns_without_reply": lost,
+                            "requests": stats.requests, "prompt_tokens": stats.prompt_tokens,
+                            "completion_tokens": stats.completion_tokens})
+    if kept:
+      tasks_lib.write_tasks(path, kept)
+  distributed.barrier(f"webrl/phase{t}: generated tasks")
+  found = tasks_lib.read_tasks(path) if os.path.exists(path) else []
+  if not found:
+    raise RuntimeError(f"curriculum.generator=openai wrote no usable task ({read_json(stats_path)}); check "
+                       f"{config.curriculum.openai.base_url} and ${config.curriculum.openai.api_key_env}")
+  return found, {**info, **read_json(stats_path), "candidates": len(found)}
+
+
+def critic_passed(config, workdir: str, t: int, tasks: Sequence[types.Task], cache: str) -> list[types.Task]:
+  """`filter_by_critic` with phase t−1's critic: the tasks whose round-0 prompt either head scores within
+  [`curriculum.low`, `curriculum.high`] (trunk features cached in `cache`)."""
+  pages = critic.start_pages(workdir)
+  prompts = [round0_prompt(c.intent, pages.get(c.site, "")) for c in tasks]
+  feats = critic.features(config, workdir, prompts, cache)
+  band = critic.in_band(*critic.head_probs(critic.previous(config, workdir, t, feats.shape[-1]), feats),
+                        (float(config.curriculum.low), float(config.curriculum.high)))
+  return [c for c, ok in zip(tasks, band) if ok]

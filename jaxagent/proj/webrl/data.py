@@ -3,17 +3,22 @@
 A step's state is its prompt (`obs_text`: the WebRL prompt it was acting on), its action the raw reply, its next
 state the next step's prompt (the last step's is its own); its reward the trajectory's score repeated on every
 step, and its Monte Carlo return `add_mc_return`'s Σ_k γ^(k−t) r with γ = 0.9, so G_t > 0 iff the trajectory
-succeeded.
+succeeded. The episodes are read from the run's stores (the demonstrations, each phase's rollouts); `actor_steps`
+sizes the actor's training on the samples.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Sequence
 
 import numpy as np
 
 from jaxagent import types
 from jaxagent.agents.webrl import current_html
+from jaxagent.data.store import TrajectoryStore
+from jaxagent.pipeline import rollout
 
 GAMMA = 0.9  # process_data.py: add_mc_return(t, gamma=0.9)
 
@@ -44,6 +49,17 @@ def usable(traj: types.Trajectory) -> bool:
   return traj.status != "errored" and bool(traj.steps) and all(s.obs_text and s.action_text for s in traj.steps)
 
 
+def step_samples(trajs: Sequence[types.Trajectory]) -> list[dict]:
+  """One sample per step that has a prompt and a reply (the SFT data)."""
+  return [sample(f"{t.task.id}-{s.step}", s.obs_text, s.action_text) for t in trajs for s in t.steps
+          if s.obs_text and s.action_text]
+
+
+def judged(trajs: Sequence[types.Trajectory]) -> list[types.Trajectory]:
+  """The episodes with a programmatic verdict (a generated task has none)."""
+  return [x for x in trajs if x.success is not None]
+
+
 def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma: float = GAMMA) -> dict:
   """One row per step: `state` and `next_state` prompts, `action`, `reward`, `mc_return`, `task` (the intent)
   and `index` (trajectory, step)."""
@@ -63,3 +79,26 @@ def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma
     rows[k] = np.asarray(rows[k], np.float32)
   rows["index"] = np.asarray(rows["index"], np.int32).reshape(-1, 2)
   return rows
+
+
+def demos(workdir: str) -> list[types.Trajectory]:
+  """The scripted expert's demonstrations, as the `sft` stage stored them."""
+  return rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos")))
+
+
+def phase_episodes(workdir: str, t: int) -> list[types.Trajectory]:
+  """Phase t's usable rollouts."""
+  return [x for x in rollout.episodes(TrajectoryStore(os.path.join(workdir, f"phase{t}", "rollouts", "store")))
+          if usable(x)]
+
+
+def score_options(config) -> dict:
+  """`pipeline.scoring.score`'s batch and length for every model the run scores with (ORM, trunk, π_ref)."""
+  return {"batch": int(config.scoring.batch), "max_len": int(config.data.seq_len)}
+
+
+def actor_steps(config, samples: int) -> int:
+  """`actor.train.steps`, capped at `actor.epochs` passes over the phase's `samples` (the original trains one
+  epoch): a phase whose critic filter left a few tasks does not fit their steps dozens of times over."""
+  per_epoch = samples / int(config.actor.train.batch_size)
+  return max(1, min(int(config.actor.train.steps), math.ceil(float(config.actor.epochs) * per_epoch)))

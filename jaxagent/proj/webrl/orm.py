@@ -11,6 +11,7 @@ Llama-3.1-8B ORM, as a YES/NO generator (the reply's token NLL) on programmatica
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from typing import Sequence
 
@@ -19,7 +20,11 @@ import numpy as np
 from jaxagent import types
 from jaxagent.agents import webrl as fmt
 from jaxagent.pipeline import scoring
-from jaxagent.proj.webrl import data
+from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.finetune import finetune
+from jaxagent.pipeline.policy import inference_mesh
+from jaxagent.proj.webrl import data, warmup
+from jaxagent.serving.checkpoint import load_policy
 
 ANSWERS = ("YES", "NO")
 _SCREEN = "The Current Screenshot:\n"  # `rm_format`'s heading of the final page
@@ -117,3 +122,20 @@ def agreement(probs: np.ndarray, verdicts: Sequence[float | None]) -> dict:
   fp = sum(a and not b for a, b in pairs)
   return {"episodes": len(pairs), "agreement": (tp + tn) / len(pairs), "true_positive": tp, "true_negative": tn,
           "false_positive": fp, "false_negative": len(pairs) - tp - tn - fp}
+
+
+def train(config, workdir: str, out: str, items: list[dict], val: Sequence[types.Trajectory],
+          from_policy: bool = True) -> dict:
+  """The ORM (`out/model`) fine-tuned on `items` (after its warm-up) from π_0, or with `from_policy=False` from
+  `config.model.hf_checkpoint`'s weights (the original's ORM is a model of its own); its agreement with the judge
+  on `val`."""
+  start = warmup.train(config, config.orm, "", items, cut_screen, os.path.join(out, "warmup"),
+                       init_from=os.path.join(workdir, "sft") if from_policy else None, seed_offset=3)
+  finetune(stage_config(config, config.orm, seed_offset=3), os.path.join(out, "model"), items, init_from=start)
+  return agreement(score(config, os.path.join(out, "model"), val), [t.success for t in val])
+
+
+def score(config, model_dir: str, trajs: Sequence[types.Trajectory]) -> np.ndarray:
+  """p(YES) per episode by the ORM in `model_dir` (`probabilities`)."""
+  loaded = load_policy(model_dir, mesh=inference_mesh(config))
+  return probabilities(loaded, trajs, **data.score_options(config))

@@ -3,17 +3,25 @@
 Past phases' successful trajectories (the SFT demonstrations first), one per task (the first seen), give their
 steps; a step is replayed when the current actor's geometric-mean token probability of its action
 (`rl.losses.webrl_rank_score`, 1/perplexity) lies in (0.5, 0.95]; the kept steps are shuffled and cut at twice
-the current phase's step count, then join every current-phase step.
+the current phase's step count, then join every current-phase step. An episode's reward is the ORM's label
+(or, with `reward=judge`, the judge's verdict); a demonstration's is the judge's.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Sequence
 
 import numpy as np
 
+from jaxagent import types
+from jaxagent.pipeline import scoring
+from jaxagent.pipeline.policy import inference_mesh
+from jaxagent.pipeline.stages import read_json
+from jaxagent.proj.webrl import data
 from jaxagent.rl import losses
+from jaxagent.serving.checkpoint import load_policy
 
 RANK_BAND = (0.5, 0.95)
 CAP = 2  # kept replay steps ≤ CAP × current phase steps
@@ -42,3 +50,42 @@ def select(scores: np.ndarray, current_steps: int, seed: int, band: tuple[float,
   order = list(keep)
   random.Random(seed).shuffle(order)
   return np.asarray(order[:cap * int(current_steps)], np.int64)
+
+
+def rewards(config, trajs: Sequence[types.Trajectory], labels: dict) -> list[float]:
+  """Each episode's reward: the ORM's label 1[p ≥ 0.5] (WebRL), or the judge's verdict (`reward=judge`)."""
+  if config.reward == "judge":
+    return [float(x.success == 1.0) for x in trajs]
+  return [float(labels[x.task.id] >= 0.5) for x in trajs]
+
+
+def phase_rewards(config, workdir: str, t: int, trajs: Sequence[types.Trajectory]) -> list[float]:
+  """`rewards` of phase t's episodes from the ORM's labels its `labels` stage wrote."""
+  return rewards(config, trajs, read_json(os.path.join(workdir, f"phase{t}", "labels", "orm.json")))
+
+
+def history(config, workdir: str, t: int) -> dict:
+  """The replay candidates: every earlier phase's (and the demonstrations') steps of successful episodes, the
+  first successful episode of each task only (`replay_data`), as step rows."""
+  trajs = [x for x in data.demos(workdir) if data.usable(x)]
+  reward = [float(x.success == 1.0) for x in trajs]
+  for k in range(1, t):
+    past = data.phase_episodes(workdir, k)
+    trajs += past
+    reward += phase_rewards(config, workdir, k, past)
+  keep = first_per_task([x.task.intent for x in trajs], [r >= 0.5 for r in reward])
+  return data.step_rows([trajs[i] for i in keep], [reward[i] for i in keep])
+
+
+def actor_samples(config, rows: dict, history_rows: dict, reference: str, seed: int
+                  ) -> tuple[list[dict], list[int], dict]:
+  """The actor's candidate samples (this phase's steps, then the replay candidates), the indices it trains on
+  (every phase step, then the replayed: `select` over `rank_scores` under π_ref = `reference`, in `replay.low`
+  to `replay.high`, at most `replay.cap` × the phase's steps), and π_ref's scores of every sample."""
+  states, actions = rows["state"] + history_rows["state"], rows["action"] + history_rows["action"]
+  items = [data.sample(f"s{i}", s, a) for i, (s, a) in enumerate(zip(states, actions))]
+  ref = scoring.score(load_policy(reference, mesh=inference_mesh(config)), items, **data.score_options(config))
+  n_now = len(rows["state"])
+  ranks = rank_scores(ref["logp"][n_now:], ref["tokens"][n_now:])
+  replayed = select(ranks, n_now, seed, (float(config.replay.low), float(config.replay.high)), int(config.replay.cap))
+  return items, list(range(n_now)) + [n_now + int(i) for i in replayed], ref

@@ -98,3 +98,25 @@ def test_train_separates_a_toy_problem_and_restores(tmp_path):
   np.testing.assert_allclose(critic.values(restored, state), v, atol=1e-6)
   for a, b in zip(jax.tree.leaves(nnx.state(restored, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_advantages_are_webrl_advantage_code_over_the_phase_rows_then_the_replay(monkeypatch, tmp_path):
+  """The actor's advantages equal the recipe's former inline `clip(V(s') − V(s) − 0.05 + r + G, −1, 1)`."""
+  rng = np.random.default_rng(1)
+  d, now, replayed = 8, 5, 3
+  feats = rng.normal(size=(2 * (now + replayed), d)).astype(np.float32) * 3  # the states, then the next states
+  (tmp_path / "phase2" / "critic").mkdir(parents=True)
+  np.save(tmp_path / "phase2" / "critic" / "state_feats.npy", feats)
+  model = critic.Critic(d, 0)
+  seen = []
+  monkeypatch.setattr(critic, "restore", lambda config, workdir, dim: seen.append((workdir, dim)) or model)
+  monkeypatch.setattr(critic, "phase_config", lambda config, t: None)
+  rows = {"reward": np.array([0, 0, 0, 0, 1], np.float32), "mc_return": np.array([0, 0, 0, 0.5, 2], np.float32)}
+  history = {"reward": np.ones(replayed, np.float32), "mc_return": np.full(replayed, 2.71, np.float32)}
+  adv = critic.advantages(None, str(tmp_path), 2, rows, history)
+  assert seen == [(str(tmp_path / "phase2" / "critic"), d)]
+  v, v_next = critic.values(model, feats[:now + replayed]), critic.values(model, feats[now + replayed:])
+  reward = np.concatenate([rows["reward"], history["reward"]])
+  mc = np.concatenate([rows["mc_return"], history["mc_return"]])
+  np.testing.assert_array_equal(adv, np.clip(v_next - v - 0.05 + reward + mc, -1.0, 1.0))
+  assert adv.dtype == np.float32 and adv.max() == 1.0 and (np.abs(adv[:3]) < 1).all()  # clipped and not

@@ -208,14 +208,14 @@ def test_the_recipe_drops_test_intents_and_asks_once(peer, tmp_path):
   webrl.check_config(config)
   out = tmp_path / "phase1" / "curriculum"
   out.mkdir(parents=True)
-  candidates, info = webrl.curriculum_candidates(config, str(tmp_path), 1, 96, str(out))
+  candidates, info = curriculum.candidates(config, str(tmp_path), 1, 96, str(out))
   assert len(peer.state.bodies) == 2  # one site, two turns
   # each reply's second task is the test intent "Show the newest shop items": dropped twice, counted
   assert (info["generated"], info["test_intent_drops"], info["candidates"]) == (6, 2, 4) == (6, 2, len(candidates))
   assert info["failed_seeds"] == 3 and info["turns_without_reply"] == 0
   assert not {c.intent for c in candidates} & {t.intent for t in test}
   assert all(c.evaluator == {} and c.site == "shop" for c in candidates)
-  again, _ = webrl.curriculum_candidates(config, str(tmp_path), 1, 96, str(out))  # a resumed stage
+  again, _ = curriculum.candidates(config, str(tmp_path), 1, 96, str(out))  # a resumed stage
   assert len(peer.state.bodies) == 2 and [c.id for c in again] == [c.id for c in candidates]
 
 
@@ -230,8 +230,10 @@ def test_generated_tasks_are_unjudged_and_the_orm_agreement_skips_them():
   assert judged["episodes"] == 2 and judged["agreement"] == 1.0
 
 
-def test_the_config_refuses_openai_without_base_url_before_any_work():
+def test_the_config_refuses_openai_without_base_url_before_any_work(tmp_path):
+  from absl import flags  # pylint: disable=g-import-not-at-top
   from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  from jaxagent import main  # pylint: disable=g-import-not-at-top
   from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
   from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
   config = webrl_config.get_config()
@@ -240,9 +242,15 @@ def test_the_config_refuses_openai_without_base_url_before_any_work():
   validate(config, webrl.CHOICES, {})
   with pytest.raises(ConfigError, match=r"config\.curriculum\.openai\.base_url is required"):
     webrl.check_config(config)
-  with pytest.raises(ConfigError, match=r"config\.curriculum\.openai\.base_url is required"):
-    webrl.run(config, "/nonexistent/never-created")  # refused before any stage
-  assert not os.path.exists("/nonexistent/never-created")
+  workdir = tmp_path / "never-created"  # `jaxagent.main` calls check_config before any stage
+  flags.FLAGS(["jaxagent.main", f"--config={webrl_config.__file__}", f"--workdir={workdir}"])
+  try:
+    flags.FLAGS.config.curriculum.generator = "openai"
+    with pytest.raises(SystemExit, match=r"FATAL config error: config\.curriculum\.openai\.base_url is required"):
+      main.main([])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert not workdir.exists()
   config.curriculum.openai.base_url = "http://127.0.0.1:9/v1"
   webrl.check_config(config)
   config.curriculum.openai.turns = 0

@@ -72,3 +72,14 @@ def test_cut_html_cuts_only_the_current_rounds_page():
   assert 'do(action="Click", element="29")' in cut
   assert data.cut_html(prompt, 1000) == prompt
   assert data.cut_html("no rounds here", 3) == "no rounds here"
+
+
+def test_the_actor_trains_at_most_actor_epochs_passes_over_its_samples():
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  config.actor.train.update(steps=100, batch_size=4)
+  config.actor.epochs = 2.0
+  assert data.actor_steps(config, 191) == 96  # ceil(2 × 191 / 4)
+  assert data.actor_steps(config, 12) == 6
+  assert data.actor_steps(config, 400) == 100  # the configured steps when they are fewer
+  assert data.actor_steps(config, 0) == 1

@@ -12,6 +12,9 @@ normalisation, the frame repeated `temporal_patch_size` times, patches ordered m
 (channel, time, row, column). A sample's `<image>` becomes the checkpoint's `<|vision_start|><|image_pad|>…
 <|vision_end|>` through its chat template (`conversation.template_image_token`); its M-RoPE positions [3, T] are
 `qwen2_vl.rope_index` of the sample on the host.
+
+In models/ because it is what `models.vit.ImagePreprocessing` is
+for LLaVA and idefics2: `models.build` returns it as the model's `preprocess`, below the data that uses it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.models import flops, qwen2_vl, vit, vlm
+
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2VLImageProcessor's defaults
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_IMAGE_SIZE = 448  # a HF directory without our policy metadata: 16×16 patches of 28 px, 256 tokens
@@ -36,7 +41,7 @@ class QwenImages:
   """uint8 RGB images → patches [N, g², patch_dim] at a fixed side, and the M-RoPE positions of their tokens.
 
   Plays the part `models.vit.ImagePreprocessing` plays for LLaVA and idefics2 (`BuiltModel.preprocess`,
-  `LoadedPolicy.preprocess`); `config` is the model's `qwen2_vl.Qwen2VLConfig` (patch sizes, token ids).
+  `LoadedModel.preprocess`); `config` is the model's `qwen2_vl.Qwen2VLConfig` (patch sizes, token ids).
   """
   config: Any
   size: int  # pixels per side, a multiple of patch_size × spatial_merge_size
@@ -85,7 +90,6 @@ class QwenImages:
 
   def __call__(self, images: Sequence[Any]) -> np.ndarray:
     """Patches [len(images), g², 3 · temporal · patch²] float32, as `Qwen2VLImageProcessor` flattens them."""
-    from jaxagent.models import vit  # pylint: disable=g-import-not-at-top
     v = self.config.vision
     pixels = vit.ImagePreprocessing(self.size, None, self.mean, self.std, shortest_edge=False)(images)
     n, p, m, g = len(pixels), v.patch_size, v.spatial_merge_size, self.grid[1]
@@ -100,7 +104,6 @@ class QwenImages:
 
   def batch_positions(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_images: int) -> np.ndarray:
     """M-RoPE positions [3, B, T] int32 of a batch whose image tokens belong to `num_images` images, in order."""
-    from jaxagent.models import qwen2_vl  # pylint: disable=g-import-not-at-top
     grids = np.asarray([self.grid] * num_images, np.int64).reshape(-1, 3)
     return qwen2_vl.rope_index(self.config, input_ids, grids, attention_mask)[0].astype(np.int32)
 
@@ -118,7 +121,6 @@ class QwenImages:
 def image_features(model, patches: jax.Array) -> jax.Array:
   """Merged features [I · tokens_per_image, E] of images [I, g², D] that share one square grid: the tower runs
   image by image (`vmap`), so attention costs I · g⁴, not (I · g²)²."""
-  from jaxagent.models import qwen2_vl  # pylint: disable=g-import-not-at-top
   side = math.isqrt(patches.shape[1])
   if side * side != patches.shape[1]:
     raise ValueError(f"qwen_vl.image_features: {patches.shape[1]} patches per image is not a square grid")
@@ -130,7 +132,6 @@ def image_features(model, patches: jax.Array) -> jax.Array:
 def embed(model, input_ids: jax.Array, patches: jax.Array) -> jax.Array:
   """Token embeddings [B, T, E] with the n-th image's features over the n-th image-token block (row-major);
   images past the last block (padding slots) are ignored."""
-  from jaxagent.models import vlm  # pylint: disable=g-import-not-at-top
   embeds = model.decoder.embed(input_ids)
   return vlm.merge_image_features(embeds, input_ids, image_features(model, patches), model.config.image_token_id)
 
@@ -138,8 +139,7 @@ def embed(model, input_ids: jax.Array, patches: jax.Array) -> jax.Array:
 def batch_logits(model, batch: dict) -> jax.Array:
   """Logits [B, T, V] of a training batch of `EncodeSample` for Qwen2.5-VL: `patches` [B, M, g², D] slots (the
   real ones flagged by `image_mask`), `positions` [B, 3, T] M-RoPE positions."""
-  from jaxagent.train.losses import flat_images  # pylint: disable=g-import-not-at-top
-  merged = embed(model, batch["input_ids"], flat_images(batch["patches"], batch["image_mask"]))
+  merged = embed(model, batch["input_ids"], vlm.flat_images(batch["patches"], batch["image_mask"]))
   hidden, _ = model.hidden_states(inputs_embeds=merged, positions=jnp.moveaxis(batch["positions"], 1, 0),
                                   attention_mask=batch["attention_mask"])
   return model.logits(hidden)
@@ -148,7 +148,6 @@ def batch_logits(model, batch: dict) -> jax.Array:
 def flops_per_token(config, images: QwenImages, seq_len: int, max_images: int) -> float:
   """Training FLOPs per text token: the decoder's, plus `max_images` tower passes per sample (window blocks
   counted as full attention over the image, an upper bound)."""
-  from jaxagent.models import flops  # pylint: disable=g-import-not-at-top
   v, n = config.vision, images.patch_shape[0]
   e, merged = v.hidden_size, v.hidden_size * v.spatial_merge_size ** 2
   per_patch = v.patch_dim * e + v.depth * (4 * e * e + 3 * e * v.intermediate_size + 2 * n * e)
@@ -158,5 +157,5 @@ def flops_per_token(config, images: QwenImages, seq_len: int, max_images: int) -
 
 
 def is_qwen(policy) -> bool:
-  """Whether a `LoadedPolicy` (or `BuiltModel`) is a Qwen2.5-VL one (its images are `QwenImages`)."""
+  """Whether a `LoadedModel` (or `BuiltModel`) is a Qwen2.5-VL one (its images are `QwenImages`)."""
   return isinstance(getattr(policy, "preprocess", None), QwenImages)
