@@ -6,6 +6,11 @@ weights. Both decode greedily exactly `--new_tokens` tokens (no EOS) after a `--
 side is warmed up once (compilation / first call excluded) and timed `--repeats` times, interleaved, best
 time kept. Prints tokens/s and ours/transformers, and writes everything to `--json`.
 
+Decode at small batch is bound by memory bandwidth: each step reads every weight and the valid KV cache once.
+The machine's bandwidth is measured in the same run (`measure_bandwidth`: the best of a jitted reduction over a
+1 GiB array and a NumPy copy, each byte read or written counted once), and each row reports the bytes a step
+must read × steps/s as a fraction of it (`bandwidth_fraction`).
+
   python benchmarks/decode.py --json /tmp/decode.json
 """
 
@@ -43,8 +48,30 @@ def _timed(fn) -> tuple[float, float]:
   return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict:
+  """Bytes/s this machine's memory moves: a jitted sum (reads each byte once) and a NumPy copy (reads and writes
+  each once) over `gib` GiB, far beyond the caches; the best of `repeats` each."""
+  n = int(gib * 2**30) // 4
+  x = jnp.ones((n,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  jax.block_until_ready(total(x))
+  read_s = min(_timed(lambda: jax.block_until_ready(total(x)))[0] for _ in range(repeats))
+  src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
+  copy_s = min(_timed(lambda: np.copyto(dst, src))[0] for _ in range(repeats))
+  out = {"jax_read_bytes_per_s": 4 * n / read_s, "numpy_copy_bytes_per_s": 2 * 4 * n / copy_s}
+  out["bytes_per_s"] = max(out.values())
+  return out
+
+
+def step_bytes(cfg: llama.DecoderConfig, batch: int, prompt_len: int, new_tokens: int) -> float:
+  """What one decode step must read: every weight once, and each row's KV cache at its mean valid length
+  (float32)."""
+  kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+  return 4 * cfg.num_params + batch * kv_per_token * (prompt_len + new_tokens / 2)
+
+
 def bench_one(name: str, cfg: llama.DecoderConfig, batch: int, prompt_len: int, new_tokens: int,
-              repeats: int) -> dict:
+              repeats: int, bandwidth: float) -> dict:
   torch.manual_seed(0)
   hf_cfg = transformers.AutoConfig.for_model(**cfg.to_hf())
   hf_model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
@@ -80,6 +107,8 @@ def bench_one(name: str, cfg: llama.DecoderConfig, batch: int, prompt_len: int, 
                 transformers_tokens_per_s=batch * new_tokens / theirs_wall,
                 greedy_prefix_agreement=min(agree))
   result["ratio"] = result["ours_tokens_per_s"] / result["transformers_tokens_per_s"]
+  result["step_bytes"] = step_bytes(cfg, batch, prompt_len, new_tokens)
+  result["bandwidth_fraction"] = result["step_bytes"] * new_tokens / ours_wall / bandwidth
   result["cpu_time_ratio"] = theirs_cpu / ours_cpu
   return result
 
@@ -94,19 +123,24 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
 
+  bandwidth = measure_bandwidth()
+  print(f"memory bandwidth: {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s (jitted read "
+        f"{bandwidth['jax_read_bytes_per_s'] / 1e9:.1f}, NumPy copy {bandwidth['numpy_copy_bytes_per_s'] / 1e9:.1f})",
+        flush=True)
   results = []
   for name in args.configs.split(","):
     for batch in (int(b) for b in args.batches.split(",")):
-      r = bench_one(name, CONFIGS[name], batch, args.prompt_len, args.new_tokens, args.repeats)
+      r = bench_one(name, CONFIGS[name], batch, args.prompt_len, args.new_tokens, args.repeats,
+                    bandwidth["bytes_per_s"])
       results.append(r)
       print(f"{name:>11} ({r['params'] / 1e6:6.1f}M) batch {batch}: ours {r['ours_tokens_per_s']:9.1f} tok/s, "
             f"transformers {r['transformers_tokens_per_s']:9.1f} tok/s, ratio {r['ratio']:.2f}x "
-            f"(CPU-time ratio {r['cpu_time_ratio']:.2f}x) "
+            f"(CPU-time ratio {r['cpu_time_ratio']:.2f}x), {100 * r['bandwidth_fraction']:.0f} % of the bandwidth "
             f"(greedy agreement {r['greedy_prefix_agreement']}/{args.new_tokens} tokens)", flush=True)
   out = dict(benchmark="decode", backend=jax.default_backend(), devices=len(jax.devices()),
              cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), machine=platform.machine(),
              jax=jax.__version__, torch=torch.__version__, transformers=transformers.__version__,
-             load_average=os.getloadavg(), results=results)
+             load_average=os.getloadavg(), bandwidth=bandwidth, results=results)
   os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
   with open(args.json, "w") as f:
     json.dump(out, f, indent=2)

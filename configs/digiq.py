@@ -143,6 +143,8 @@ def get_config(arg=None):
   elif arg.variant == "paper":
     c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an AutoUI-size VLM directory
     c.representation.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: LLaVA-1.5-7B
+    # LLaVA's fine-tuning: DeepSpeed bf16 over float32 master weights, gradient checkpointing (§5.2's finetune.sh)
+    c.model.update(dtype="bfloat16", param_dtype="float32", remat="full")
     c.data.seq_len = 1024
     c.data.image_size = 336
     c.tasks.templates = ""

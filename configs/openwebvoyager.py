@@ -110,6 +110,8 @@ def get_config(arg=None):
     c.mesh.update(data=1, fsdp=-1, tensor=1)
     c.model.hf_checkpoint = ml_collections.config_dict.placeholder(str)  # required: an idefics2 directory
     c.model.hf_family = "idefics2"  # OWV's policy (idefics2-8b); its images go in at the tower's side (980)
+    # Megatron's bf16 over float32 master weights, full activation recompute (`reference/algorithms.md` §2.5)
+    c.model.update(dtype="bfloat16", param_dtype="float32", remat="full")
     c.data.seq_len = 8192
     c.observation.update(max_tree_lines=0, drop_urls=False)
     c.tasks.templates = ""

@@ -110,10 +110,13 @@ def vlm_model() -> ml_collections.ConfigDict:
   `.gguf` file, or `smollm2` (SmolLM2-135M-Instruct, a real pretrained decoder available offline), "" =
   random init; `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
-  tokenizer).
+  tokenizer). `dtype` (compute) and `param_dtype` (storage): float32 | bfloat16 | float16, for every tower of
+  every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch
+  (`models.layers.REMAT_POLICIES`: memory for recomputation). A `:paper` variant's 7-8B model trains in bfloat16
+  with remat on an accelerator.
   """
   return ml_collections.ConfigDict(dict(
-      kind="vlm", hf_checkpoint="", hf_family="",
+      kind="vlm", hf_checkpoint="", hf_family="", dtype="float32", param_dtype="float32", remat="none",
       decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                              head_dim=32, intermediate_size=256)),
       vision=ml_collections.ConfigDict()))

@@ -14,6 +14,20 @@ from flax import nnx
 from jaxagent.tokens import IMAGE_TOKEN
 
 MODEL_KINDS = ("vlm", "decoder", "autoui")
+DTYPES = ("float32", "bfloat16", "float16")
+REMAT = ("none", "full", "dots", "dots_no_batch")  # `layers.REMAT_POLICIES`, named here without importing JAX
+
+
+def precision(mcfg) -> dict:
+  """`config.model`'s `dtype`, `param_dtype` and `remat`, as the model configs take them (float32 and no remat
+  for a config written before the keys existed); a bad value is a ValueError naming the key."""
+  out = {"dtype": mcfg.get("dtype", "float32"), "param_dtype": mcfg.get("param_dtype", "float32"),
+         "remat": mcfg.get("remat", "none")}
+  for key, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT)):
+    if out[key] not in allowed:
+      raise ValueError(f"config.model.{key}={out[key]!r} is not one of {allowed}; set --config.model.{key}="
+                       f"{allowed[0]} (or another of those)")
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +71,14 @@ def build(config, tokenizer) -> BuiltModel:
   if mcfg.hf_checkpoint:
     return _from_hf(config)
   dcfg = llama.DecoderConfig.tiny(**{
-      **dict(mcfg.decoder), "vocab_size": _round_up(len(tokenizer)),
+      **dict(mcfg.decoder), **precision(mcfg), "vocab_size": _round_up(len(tokenizer)),
       "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
   seed = int(config.seed)
   if mcfg.kind == "decoder":
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, seed), flops.decoder_flops_per_token(dcfg, seq_len))
   vcfg = vlm.VLMConfig.tiny(dcfg.vocab_size, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-                            vision={"image_size": config.data.image_size, **mcfg.vision},
+                            vision={"image_size": config.data.image_size, **precision(mcfg), **mcfg.vision},
                             text=dataclasses.asdict(dcfg))
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, seed), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True))
@@ -77,7 +91,7 @@ def _from_hf(config) -> BuiltModel:
   from jaxagent.models import flops, llama, vit, vlm  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import auto, gguf, llama as hf_llama  # pylint: disable=g-import-not-at-top
   path, seq_len = gguf.checkpoint_dir(config.model.hf_checkpoint), int(config.data.seq_len)
-  hf = hf_llama.read_config(path)
+  hf, overrides = hf_llama.read_config(path), precision(config.model)
   family = config.model.get("hf_family", "")  # absent from configs written before the key existed
   if family and hf.get("model_type") != family:
     raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a {hf.get('model_type')!r} "
@@ -87,14 +101,15 @@ def _from_hf(config) -> BuiltModel:
   if hf.get("model_type") == "qwen2_5_vl":
     return _qwen2_5_vl(config, path, mesh)
   if config.model.kind == "decoder":
-    dcfg = llama.DecoderConfig.from_hf(hf)
+    dcfg = llama.DecoderConfig.from_hf(hf, **overrides)
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, 0), flops.decoder_flops_per_token(dcfg, seq_len),
-                      pretrained=lambda: hf_llama.load_pretrained(path, mesh())[0])
+                      pretrained=lambda: hf_llama.load_pretrained(path, mesh(), **overrides)[0])
   lib = auto.vlm_module(hf)  # LLaVA or idefics2
-  vcfg = lib.config_from_dir(path)
+  vcfg = lib.config_from_dir(path, **overrides)
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, 0), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True),
-                    pretrained=lambda: lib.load_pretrained(path, mesh())[0], image_wrap_id=vcfg.image_wrap_token_id)
+                    pretrained=lambda: lib.load_pretrained(path, mesh(), **overrides)[0],
+                    image_wrap_id=vcfg.image_wrap_token_id)
 
 
 def _qwen2_5_vl(config, path: str, mesh) -> BuiltModel:
@@ -105,11 +120,12 @@ def _qwen2_5_vl(config, path: str, mesh) -> BuiltModel:
   if config.model.kind != "vlm":
     raise ValueError(f"config.model.hf_checkpoint={config.model.hf_checkpoint} is a Qwen2.5-VL checkpoint but "
                      f"config.model.kind={config.model.kind!r}; set config.model.kind='vlm'")
-  qcfg = hf_qwen2_vl.config_from_dir(path)
+  overrides = precision(config.model)
+  qcfg = hf_qwen2_vl.config_from_dir(path, **overrides)
   images = qwen_vl.QwenImages.from_dir(path, qcfg, int(config.data.image_size))
   flops_per_token = qwen_vl.flops_per_token(qcfg, images, int(config.data.seq_len), int(config.data.max_images))
   return BuiltModel("vlm", lambda: qwen2_vl.Qwen2VL(qcfg, rngs=nnx.Rngs(0)), flops_per_token, images.tokens_per_image,
-                    images, pretrained=lambda: hf_qwen2_vl.load_pretrained(path, mesh())[0])
+                    images, pretrained=lambda: hf_qwen2_vl.load_pretrained(path, mesh(), **overrides)[0])
 
 
 _T5_SIZES = {"hidden_size": "d_model", "num_layers": ("num_layers", "num_decoder_layers"), "num_heads": "num_heads",
@@ -128,11 +144,15 @@ def _autoui(config, tokenizer) -> BuiltModel:
   import jax  # pylint: disable=g-import-not-at-top
   from jaxagent.models import autoui, flops, t5, vit  # pylint: disable=g-import-not-at-top
   mcfg, seed = config.model, int(config.seed)
-  vision = dict(mcfg.vision)
+  vision, dtypes = dict(mcfg.vision), precision(mcfg)
+  if dtypes.pop("remat") != "none":
+    raise ValueError(f"config.model.remat={mcfg.remat!r}: AutoUI's T5 has no rematerialisation (its image tower is "
+                     "frozen, so it keeps no activations for a backward pass); set --config.model.remat=none")
+  vision.update(dtypes)
   if mcfg.hf_checkpoint:
     from jaxagent.models.hf import autoui as hf_autoui, gguf  # pylint: disable=g-import-not-at-top
     path = gguf.checkpoint_dir(mcfg.hf_checkpoint)
-    acfg = hf_autoui.config_from_dir(path)
+    acfg = hf_autoui.config_from_dir(path, **dtypes)
     if vision.get("width", acfg.img_dim) != acfg.img_dim:
       raise ValueError(f"config.model.vision.width={vision['width']} but {mcfg.hf_checkpoint} reads "
                        f"{acfg.img_dim}-wide image features; drop the override")
@@ -148,7 +168,7 @@ def _autoui(config, tokenizer) -> BuiltModel:
           sizes[field] = int(value)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     text = t5.T5Config(**{"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2, "num_decoder_layers": 2,
-                          "num_heads": 4, **sizes, "vocab_size": _round_up(len(tokenizer)), "pad_token_id": pad,
+                          "num_heads": 4, **sizes, **dtypes, "vocab_size": _round_up(len(tokenizer)), "pad_token_id": pad,
                           "eos_token_id": int(tokenizer.eos_token_id), "decoder_start_token_id": pad})
     acfg = autoui.AutoUIConfig(text=text, img_dim=int(vision.get("width", vit.ViTConfig.tiny().width)))
   vcfg = vit.ViTConfig.tiny("clip", **{"image_size": int(config.data.image_size), **vision})
@@ -162,7 +182,7 @@ def _autoui(config, tokenizer) -> BuiltModel:
     def pretrained():
       from jaxagent import sharding  # pylint: disable=g-import-not-at-top
       model = init()
-      model.autoui = hf_autoui.load_pretrained(path, sharding.make_mesh(dict(config.mesh)))[0]
+      model.autoui = hf_autoui.load_pretrained(path, sharding.make_mesh(dict(config.mesh)), **dtypes)[0]
       return model
 
   return BuiltModel("autoui", init, per_token, 1, vit.ImagePreprocessing.for_tower(vcfg, pad_to_square=True),

@@ -170,3 +170,27 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
 def shard_heads(x: jax.Array, kv: bool = False) -> jax.Array:
   return sharding.shard(x, ("batch", "length", "act_kv_heads" if kv else "act_heads", None))
+
+
+# What a block's backward pass keeps from its forward pass (`config.model.remat`): "none" keeps everything (no
+# rematerialisation), "full" keeps only the block's inputs and recomputes the rest, "dots" keeps the matmul
+# outputs and recomputes the elementwise work, "dots_no_batch" keeps only matmuls without batch dimensions (the
+# weight products, not attention's scores). jax.checkpoint's policies: docs.jax.dev "gradient-checkpointing".
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_saveable,
+                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def remat_name(remat: str | bool | None) -> str:
+  """A config's `remat` as a policy name: True (a config written before the names) is "full", False "none"."""
+  if isinstance(remat, bool) or remat is None:
+    return "full" if remat else "none"
+  if remat not in REMAT_POLICIES:
+    raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
+  return remat
+
+
+def remat(fn, policy: str | bool | None):
+  """`fn` under `nnx.remat` with the named policy (`REMAT_POLICIES`); `fn` itself for "none"."""
+  name = remat_name(policy)
+  return fn if name == "none" else nnx.remat(fn, policy=REMAT_POLICIES[name])

@@ -58,7 +58,7 @@ class DecoderConfig:
   max_position_embeddings: int = 4096
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: str | bool = "none"  # what each block's backward keeps: `layers.REMAT_POLICIES`
   model_type: str = "llama"  # llama | mistral | qwen2: the HF architecture `to_hf` writes
   bos_token_id: int | None = None
   eos_token_id: int | list[int] | None = None
@@ -335,8 +335,8 @@ class Decoder(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      if cfg.remat and cache is None:
-        x, _ = nnx.remat(lambda blk, h, p: blk(h, p, inv_freq, mask_fn))(block, x, positions)
+      if layers.remat_name(cfg.remat) != "none" and cache is None:
+        x, _ = layers.remat(lambda blk, h, p: blk(h, p, inv_freq, mask_fn), cfg.remat)(block, x, positions)
       else:
         x, kv = block(x, positions, inv_freq, mask_fn, kv, index)
       if kv is not None:

@@ -353,8 +353,8 @@ class Qwen2VL(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(dec.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      if cfg.text.remat and cache is None:
-        x, _ = nnx.remat(lambda blk, h, c, s: _block(blk, h, c, s, attn_mask))(block, x, cos, sin)
+      if layers.remat_name(cfg.text.remat) != "none" and cache is None:
+        x, _ = layers.remat(lambda blk, h, c, s: _block(blk, h, c, s, attn_mask), cfg.text.remat)(block, x, cos, sin)
       else:
         x, kv = _block(block, x, cos, sin, attn_mask, kv, index)
       if kv is not None:

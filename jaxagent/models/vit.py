@@ -65,7 +65,7 @@ class ViTConfig:
   position_grid: int = 0  # idefics2 (NaViT): a fixed grid of positions this many a side; 0: one per patch
   dtype: str = "float32"
   param_dtype: str = "float32"
-  remat: bool = False
+  remat: str | bool = "none"  # what each block's backward keeps: `layers.REMAT_POLICIES`
 
   def __post_init__(self):
     def bad(field, why):
@@ -317,9 +317,7 @@ class VisionTower(nnx.Module):
     return sharding.shard(x, ("batch", "length", "act_embed"))
 
   def _run_block(self, block: Block, x: jax.Array) -> jax.Array:
-    if self.cfg.remat:
-      return nnx.remat(lambda b, h: b(h))(block, x)
-    return block(x)
+    return layers.remat(lambda b, h: b(h), self.cfg.remat)(block, x)
 
   def encode(self, images: jax.Array, *, num_blocks: int | None = None,
              return_hidden_states: bool = False) -> VisionOutput:

@@ -12,6 +12,8 @@ import copy
 import os
 from typing import Mapping, Sequence
 
+from jaxagent.models import precision
+
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
 # the names a path key also takes: "default", a bundled checkpoint, a tokenizer fitted by the run (WebRL's "demos")
 NAMED_PATHS = {"hf_checkpoint": ("default", "smollm2"), "tokenizer": ("default", "demos")}
@@ -73,6 +75,7 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
     if not names or set(names) - set(allowed):
       raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
                         "comma-separated")
+  _check_precision(config.get("model"))
   env = config.get("env")
   if env is not None and env.get("backend") is not None:
     from jaxagent.envs.backends import BACKENDS  # pylint: disable=g-import-not-at-top
@@ -89,3 +92,16 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
     if key.rsplit(".", 1)[-1] in PATH_KEYS and value and not named and not os.path.exists(value):
       raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "
                         f"(--config.{key}=DIR) or '' for the default")
+
+
+def _check_precision(model) -> None:
+  """`model.dtype`, `param_dtype` and `remat` (`models.precision`), before any work."""
+  if model is None or not hasattr(model, "get"):
+    return
+  try:
+    precision(model)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if model.get("kind") == "autoui" and model.get("remat", "none") != "none":
+    raise ConfigError(f"config.model.remat={model.remat!r}: AutoUI's T5 has no rematerialisation; set "
+                      "--config.model.remat=none")
