@@ -9,6 +9,12 @@
             episode id
   policy    `ModelPolicy` and `load`: a trained actor acting as its `agent.json` says, prompted with the training
             render
-  finetune  `finetune(config, workdir, items, init_from=...)`: tokenizer → `models.build` → Grain → `loop.train`,
-            with any per-sample weight (`weighted_nll`)
+  evaluate  `evaluate_actors(config, actors, tasks, out)`: every actor on the same episodes, one pool;
+            `write_results` with the provenance
+  finetune  `finetune(config, workdir, items, agent=..., init_from=...)`: tokenizer → `models.build` → Grain →
+            `loop.train`, with any per-sample weight (`weighted_nll`); an actor's `agent.json`
+  device    the AutoUI phone agent of Digi-Q and DigiRL: env, samples, the IL stage
+  scoring   a text model's reading of samples: reply log-probs, logits, the state at the reply's start
+  seeds     `--seeds`: the recipe once per global seed, the results combined
+  provenance  the commit, package versions and machine a result was measured with
 """
