@@ -94,18 +94,42 @@ def train_ours(cfg: llama.DecoderConfig, ids: np.ndarray, steps: int) -> float:
   batch = {"input_ids": ids[:, :-1], "targets": ids[:, 1:], "loss_mask": np.ones_like(ids[:, 1:])}
   step, b_shard = build_train_step(ts, lm_loss, schedule, mesh, batch)
   device_batch = put_batch(batch, b_shard)
-  holder = {"state": ts.state}
+  holder, losses = {"state": ts.state}, []
   rng = jax.random.key(0)
 
   def one():
     with jax.set_mesh(mesh):
       holder["state"], metrics = step(holder["state"], device_batch, rng)
-    jax.block_until_ready(metrics["loss"])
+    losses.append(jax.block_until_ready(metrics["loss"]))
 
   t = _best(one, steps)
+  loss = float(losses[0])
   del holder, ts, device_batch
   gc.collect()
-  return t
+  return t, loss
+
+
+def masked_parity(implementation: str) -> dict:
+  """The fused path against ours on padded GQA batches (full, right- and left-padded rows; bf16), output and
+  gradients, at the positions a loss reads."""
+  keys = jax.random.split(jax.random.key(1), 3)
+  b, t, h, kv, d = 3, 256, 8, 2, 64
+  q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
+  valid = jnp.arange(t)[None] < jnp.array([t, t - 100, t])[:, None]
+  valid = valid.at[2].set(jnp.arange(t) >= 60)
+  slots = jnp.broadcast_to(jnp.arange(t), (b, t))
+  mask = layers.attention_mask(slots, slots, valid)
+  real = valid[:, :, None, None]
+  loss = lambda f: lambda q, k, v: jnp.sum(jnp.where(real, f(q, k, v), 0).astype(jnp.float32) ** 2)
+  ours = jax.jit(jax.value_and_grad(loss(lambda q, k, v: layers.dot_product_attention(q, k, v, mask)), (0, 1, 2)))
+  fused = jax.jit(jax.value_and_grad(loss(lambda q, k, v: layers.fused_causal_attention(
+      q, k, v, mask, implementation)), (0, 1, 2)))
+  (a, ga), (f, gf) = ours(q, k, v), fused(q, k, v)
+  rel = lambda x, y: float(jnp.linalg.norm((x - y).astype(jnp.float32)) / jnp.linalg.norm(y.astype(jnp.float32)))
+  return {"loss_rel_diff": abs(float(f) - float(a)) / abs(float(a)),
+          "grad_rel_diff": max(rel(x, y) for x, y in zip(gf, ga))}
 
 
 def train_torch(cfg: llama.DecoderConfig, ids: np.ndarray, steps: int) -> float:
@@ -118,6 +142,8 @@ def train_torch(cfg: llama.DecoderConfig, ids: np.ndarray, steps: int) -> float:
                           fused=dev == "cuda")
   x = torch.from_numpy(ids.astype(np.int64)).to(dev)
 
+  losses = []
+
   def one():
     opt.zero_grad(set_to_none=True)
     with torch.autocast(dev, dtype=torch.bfloat16):
@@ -128,13 +154,15 @@ def train_torch(cfg: llama.DecoderConfig, ids: np.ndarray, steps: int) -> float:
     opt.step()
     if dev == "cuda":
       torch.cuda.synchronize()
+    losses.append(loss.detach())
 
   t = _best(one, steps)
+  first_loss = float(losses[0])
   del model, opt
   gc.collect()
   if dev == "cuda":
     torch.cuda.empty_cache()
-  return t
+  return t, first_loss
 
 
 def attention(cfg: llama.DecoderConfig, batch: int, seq: int, repeats: int) -> dict:
@@ -209,6 +237,8 @@ def main():
   parser.add_argument("--size", choices=sorted(SIZES), default="1b")
   parser.add_argument("--steps", type=int, default=5, help="timed train steps (best kept, after one warm-up)")
   parser.add_argument("--remat", default="none,dots_no_batch", help="model.remat policies to time, comma-separated")
+  parser.add_argument("--attention", default=None, help="model.attention kernels to time, comma-separated "
+                      "(default: xla, and cudnn on a GPU)")
   parser.add_argument("--skip", default="", help="comma-separated parts to skip: train,torch,attention,decode")
   args = parser.parse_args()
   spec, skip = SIZES[args.size], set(filter(None, args.skip.split(",")))
@@ -227,26 +257,30 @@ def main():
 
   def record(name, fn):
     try:
-      t = fn()
-      out["train"][name] = {"step_s": t, "tokens_per_s": b * s / t,
+      t, loss = fn()
+      out["train"][name] = {"step_s": t, "first_loss": loss, "tokens_per_s": b * s / t,
                             "mfu_vs_measured": flops / t / limits["bf16_matmul_flops"],
                             "mfu_vs_nominal": flops / t / limits["nominal_bf16_flops"]
                             if limits["nominal_bf16_flops"] else None}
       r = out["train"][name]
-      print(f"train {name}: {t * 1e3:.1f} ms/step, {r['tokens_per_s']:.0f} tok/s, MFU {r['mfu_vs_measured']:.1%} "
+      print(f"train {name}: loss {loss:.4f}, {t * 1e3:.1f} ms/step, {r['tokens_per_s']:.0f} tok/s, MFU {r['mfu_vs_measured']:.1%} "
             f"of measured" + (f", {r['mfu_vs_nominal']:.1%} of nominal" if r["mfu_vs_nominal"] else ""), flush=True)
     except Exception:  # pylint: disable=broad-except
       out["train"][name] = {"error": traceback.format_exc()[-1500:]}
       print(f"train {name} failed:\n{out['train'][name]['error']}", flush=True)
 
+  kernels = args.attention or ("xla,cudnn" if jax.default_backend() == "gpu" else "xla")
   if "train" not in skip:
-    for policy in filter(None, args.remat.split(",")):
-      cfg = dataclasses.replace(base, dtype="bfloat16", param_dtype="float32", remat=policy)
-      record(f"ours_bf16_remat_{policy}", lambda cfg=cfg: train_ours(cfg, ids, args.steps))
+    for kernel in kernels.split(","):
+      for policy in filter(None, args.remat.split(",")):
+        cfg = dataclasses.replace(base, dtype="bfloat16", param_dtype="float32", remat=policy, attention=kernel)
+        record(f"ours_bf16_{kernel}_remat_{policy}", lambda cfg=cfg: train_ours(cfg, ids, args.steps))
   if "torch" not in skip:
     record("torch_autocast_bf16", lambda: train_torch(base, ids, args.steps))
   if "attention" not in skip:
     out["attention"] = attention(base, b, s, args.steps)
+    if jax.default_backend() == "gpu":
+      out["attention"]["cudnn_padded_parity"] = masked_parity("cudnn")
     print("attention fwd+bwd:", {k: (round(v * 1e3, 2) if k.endswith("_s") else v)
                                   for k, v in out["attention"].items()}, flush=True)
   if "decode" not in skip:

@@ -112,13 +112,16 @@ def vlm_model() -> ml_collections.ConfigDict:
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer). `dtype` (compute) and `param_dtype` (storage): float32 | bfloat16 | float16, for every tower of
   every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch
-  (`models.layers.REMAT_POLICIES`: memory for recomputation). A `:paper` variant's 7-8B model trains in bfloat16
+  (`models.layers.REMAT_POLICIES`: memory for recomputation); `attention`: xla | cudnn, the kernel of a
+  Llama-family decoder's training and scoring attention (cudnn: cuDNN's fused flash attention, GPU and bf16/fp16
+  only; decoding always takes xla). A `:paper` variant's 7-8B model trains in bfloat16
   with remat on an accelerator. `lora`: low-rank adapters (`models.lora`), `rank` 0 = off (full fine-tuning),
   else only the adapters train, scaled by `alpha / rank`, on the comma-separated `targets` (default the language
   decoder's attention and MLP projections; `models.LORA_TARGETS` lists every name); exports merge them in.
   """
   return ml_collections.ConfigDict(dict(
       kind="vlm", hf_checkpoint="", hf_family="", dtype="float32", param_dtype="float32", remat="none",
+      attention="xla",
       decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                              head_dim=32, intermediate_size=256)),
       vision=ml_collections.ConfigDict(),

@@ -16,6 +16,7 @@ from jaxagent.tokens import IMAGE_TOKEN
 MODEL_KINDS = ("vlm", "decoder", "autoui")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT = ("none", "full", "dots", "dots_no_batch")  # `layers.REMAT_POLICIES`, named here without importing JAX
+ATTENTION = ("xla", "cudnn")  # `layers.ATTENTION_IMPLS`
 # `lora.TARGETS` and `lora.DEFAULT_TARGETS`, named here without importing JAX: the language decoder's attention
 # and MLP projections, LLaVA's projector, the ViT tower's attention and MLP
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "linear_1", "linear_2",
@@ -33,6 +34,23 @@ def precision(mcfg) -> dict:
       raise ValueError(f"config.model.{key}={out[key]!r} is not one of {allowed}; set --config.model.{key}="
                        f"{allowed[0]} (or another of those)")
   return out
+
+
+def attention(mcfg) -> str:
+  """`config.model.attention`: the kernel a Llama-family decoder's training and scoring pass uses for attention
+  ("xla" for a config written before the key existed); a bad value or combination is a ValueError naming the
+  key. "cudnn" (cuDNN's fused flash attention) needs bfloat16 or float16 compute and a GPU, checked at build."""
+  value = mcfg.get("attention", "xla")
+  if value not in ATTENTION:
+    raise ValueError(f"config.model.attention={value!r} is not one of {ATTENTION}; set --config.model.attention=xla")
+  if value == "cudnn":
+    if mcfg.get("dtype", "float32") not in ("bfloat16", "float16"):
+      raise ValueError(f"config.model.attention='cudnn' computes in bfloat16 or float16 but config.model.dtype="
+                       f"{mcfg.get('dtype', 'float32')!r}; set --config.model.dtype=bfloat16 (or attention=xla)")
+    if mcfg.get("kind") == "autoui" or (mcfg.get("hf_checkpoint") and mcfg.get("kind") == "vlm"):
+      raise ValueError("config.model.attention='cudnn' is wired for Llama-family decoders (model.kind=decoder, and "
+                       "the tiny VLM's language model), not for this model; set --config.model.attention=xla")
+  return value
 
 
 def lora_settings(mcfg) -> tuple[int, float, tuple[str, ...]] | None:
@@ -135,7 +153,8 @@ def _build(config, tokenizer) -> BuiltModel:
   if mcfg.hf_checkpoint:
     return _from_hf(config)
   dcfg = llama.DecoderConfig.tiny(**{
-      **dict(mcfg.decoder), **precision(mcfg), "vocab_size": _round_up(len(tokenizer)),
+      **dict(mcfg.decoder), **precision(mcfg), "attention": _attention_here(mcfg),
+      "vocab_size": _round_up(len(tokenizer)),
       "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
   seed = int(config.seed)
@@ -146,6 +165,16 @@ def _build(config, tokenizer) -> BuiltModel:
                             text=dataclasses.asdict(dcfg))
   return BuiltModel("vlm", lambda: vlm.init_vlm(vcfg, seed), _vlm_flops(vcfg, config), vcfg.num_image_tokens,
                     vit.ImagePreprocessing.for_tower(vcfg.vision, pad_to_square=True))
+
+
+def _attention_here(mcfg) -> str:
+  """`attention(mcfg)`, refusing "cudnn" on a machine without a GPU before anything is built."""
+  import jax  # pylint: disable=g-import-not-at-top
+  value = attention(mcfg)
+  if value == "cudnn" and jax.default_backend() != "gpu":
+    raise ValueError(f"config.model.attention='cudnn' needs a GPU; this machine's JAX backend is "
+                     f"{jax.default_backend()!r}; set --config.model.attention=xla")
+  return value
 
 
 def _from_hf(config) -> BuiltModel:
@@ -165,6 +194,7 @@ def _from_hf(config) -> BuiltModel:
   if hf.get("model_type") == "qwen2_5_vl":
     return _qwen2_5_vl(config, path, mesh)
   if config.model.kind == "decoder":
+    overrides["attention"] = _attention_here(config.model)
     dcfg = llama.DecoderConfig.from_hf(hf, **overrides)
     return BuiltModel("decoder", lambda: llama.init_decoder(dcfg, 0), flops.decoder_flops_per_token(dcfg, seq_len),
                       pretrained=lambda: hf_llama.load_pretrained(path, mesh(), **overrides)[0])

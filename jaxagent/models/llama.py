@@ -59,6 +59,7 @@ class DecoderConfig:
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
   remat: str | bool = "none"  # what each block's backward keeps: `layers.REMAT_POLICIES`
+  attention: str = "xla"  # the uncached forward's attention kernel: `layers.ATTENTION_IMPLS`
   model_type: str = "llama"  # llama | mistral | qwen2: the HF architecture `to_hf` writes
   bos_token_id: int | None = None
   eos_token_id: int | list[int] | None = None
@@ -73,6 +74,10 @@ class DecoderConfig:
     if self.model_type not in _ARCHITECTURES:
       raise ValueError(f"DecoderConfig.model_type={self.model_type!r}; use one of {sorted(_ARCHITECTURES)}")
     as_dtype(self.dtype), as_dtype(self.param_dtype)
+    if self.attention not in layers.ATTENTION_IMPLS:
+      raise ValueError(f"DecoderConfig.attention={self.attention!r} is not one of {layers.ATTENTION_IMPLS}")
+    if self.attention == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+      raise ValueError(f"DecoderConfig.attention='cudnn' runs in bfloat16 or float16, but dtype={self.dtype!r}")
 
   @classmethod
   def tiny(cls, **overrides) -> "DecoderConfig":
@@ -214,6 +219,7 @@ class Attention(nnx.Module):
     self.v_proj = proj((k, d), ("kv_heads", "head_dim"), cfg.attention_bias)
     self.o_proj = layers.Dense((h, d), e, in_axes=("heads", "head_dim"), out_axes=("embed",),
                                use_bias=cfg.attention_out_bias, dtype=dt, param_dtype=pdt, rngs=rngs)
+    self.attention = cfg.attention
 
   def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None):
     """x [B,T,E]; kv: this layer's (k_cache, v_cache) or None. Returns (out, new_kv)."""
@@ -224,7 +230,10 @@ class Attention(nnx.Module):
       k_cache, v_cache = kv
       k, v = write_slots(k_cache, k.astype(k_cache.dtype), index), write_slots(v_cache, v.astype(v_cache.dtype), index)
       kv = (k, v)
-    out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
+    if kv is None and self.attention != "xla":
+      out = layers.fused_causal_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn(), self.attention)
+    else:
+      out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
     return self.o_proj(layers.shard_heads(out)), kv
 
 

@@ -12,7 +12,7 @@ import copy
 import os
 from typing import Mapping, Sequence
 
-from jaxagent.models import lora_settings, precision
+from jaxagent.models import attention, lora_settings, precision
 
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
 # the names a path key also takes: "default", a bundled checkpoint, a tokenizer fitted by the run (WebRL's "demos")
@@ -95,12 +95,13 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
 
 
 def _check_precision(model) -> None:
-  """`model.dtype`, `param_dtype`, `remat` (`models.precision`) and the `lora` block (`models.lora_settings`),
-  before any work."""
+  """`model.dtype`, `param_dtype`, `remat` (`models.precision`), `attention` (`models.attention`) and the `lora`
+  block (`models.lora_settings`), before any work."""
   if model is None or not hasattr(model, "get"):
     return
   try:
     precision(model)
+    attention(model)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if model.get("kind") == "autoui" and model.get("remat", "none") != "none":

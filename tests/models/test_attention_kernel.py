@@ -1,0 +1,107 @@
+"""`config.model.attention`: the fused path (`layers.fused_causal_attention`, cuDNN's kernel on a GPU) keeps
+`layers.dot_product_attention`'s contract (GQA, padding, sliding window), the decoder takes it only for its
+uncached pass, and a bad value or combination is refused before any work, naming the key.
+
+cuDNN itself needs a GPU; here its wrapper runs with `jax.nn.dot_product_attention`'s XLA implementation, which
+shares the mask handling. `benchmarks/accelerator.py` checks the cuDNN kernel's output against ours on a GPU."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import digirl as digirl_config
+from jaxagent import models
+from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.models import layers, llama, sampler
+from jaxagent.pipeline.config import ConfigError, validate
+from jaxagent.recipes import digirl
+
+
+def _qkv(b=3, t=12, heads=4, kv_heads=2, d=16, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return (jax.random.normal(keys[0], (b, t, heads, d), dtype), jax.random.normal(keys[1], (b, t, kv_heads, d), dtype),
+          jax.random.normal(keys[2], (b, t, kv_heads, d), dtype))
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_the_fused_path_keeps_the_contract_of_ours_with_padding_and_a_window(window):
+  q, k, v = _qkv()
+  valid = jnp.array([[True] * 12, [True] * 7 + [False] * 5, [False] * 3 + [True] * 9])  # full, right-, left-padded
+  slots = jnp.broadcast_to(jnp.arange(12), (3, 12))
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  mask = layers.attention_mask(slots, slots, valid, positions, positions, window)
+  want = layers.dot_product_attention(q, k, v, mask)
+  got = layers.fused_causal_attention(q, k, v, mask, implementation="xla")
+  real = np.asarray(valid)[:, :, None, None] & np.asarray(jnp.any(mask[:, 0], -1))[:, :, None, None]
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=1e-5)
+  assert np.isfinite(np.asarray(got)).all()  # a query with no visible key (left padding) stays finite
+
+
+def _routed(monkeypatch):
+  calls, original = [], layers.fused_causal_attention
+
+  def fused(q, k, v, mask, implementation="cudnn"):
+    calls.append(implementation)
+    return original(q, k, v, mask, implementation="xla")
+
+  monkeypatch.setattr(layers, "fused_causal_attention", fused)
+  return calls
+
+
+def test_the_decoder_takes_the_fused_path_only_without_a_cache(monkeypatch):
+  calls = _routed(monkeypatch)
+  cfg = llama.DecoderConfig.tiny(dtype="bfloat16")
+  ours, fused = llama.init_decoder(cfg, 0), llama.init_decoder(dataclasses.replace(cfg, attention="cudnn"), 0)
+  ids = jax.random.randint(jax.random.key(1), (2, 10), 0, cfg.vocab_size)
+  mask = jnp.array([[True] * 10, [True] * 6 + [False] * 4])
+  want, got = ours(ids, attention_mask=mask), fused(ids, attention_mask=mask)
+  assert calls == ["cudnn"] * cfg.num_layers  # each layer asked for cuDNN
+  np.testing.assert_allclose(np.asarray(got, np.float32)[mask], np.asarray(want, np.float32)[mask], atol=2e-2)
+  calls.clear()
+  config = sampler.SamplingConfig(max_new_tokens=4, temperature=0.0)
+  a = sampler.sample(fused, ids, mask, config).tokens
+  assert calls == []  # prefill and decode write a cache: the XLA path
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(sampler.sample(ours, ids, mask, config).tokens))
+
+
+def test_decoder_config_refuses_an_unknown_kernel_or_float32_with_cudnn():
+  with pytest.raises(ValueError, match=r"attention='flash' is not one of \('xla', 'cudnn'\)"):
+    llama.DecoderConfig.tiny(attention="flash")
+  with pytest.raises(ValueError, match=r"attention='cudnn' runs in bfloat16 or float16, but dtype='float32'"):
+    llama.DecoderConfig.tiny(attention="cudnn")
+
+
+def _config(kind="decoder", **model):
+  config = digirl_config.get_config("smoke")
+  config.model.kind = kind
+  config.model.update(model)
+  return config
+
+
+@pytest.mark.parametrize("model,needle", [
+    (dict(attention="flash"), r"config\.model\.attention='flash' is not one of \('xla', 'cudnn'\)"),
+    (dict(attention="cudnn"), r"config\.model\.attention='cudnn' computes in bfloat16 or float16 but "
+                              r"config\.model\.dtype='float32'; set --config\.model\.dtype=bfloat16"),
+    (dict(attention="cudnn", dtype="bfloat16", kind="autoui"), r"config\.model\.attention='cudnn' is wired for "
+                                                                r"Llama-family decoders"),
+])
+def test_a_bad_attention_value_is_refused_before_any_work_naming_the_key(model, needle):
+  with pytest.raises(ConfigError, match=needle):
+    validate(_config(**{"kind": "vlm", **model}), digirl.CHOICES, {})
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the refusal is for machines without a GPU")
+def test_building_with_cudnn_without_a_gpu_is_refused_naming_the_key():
+  with pytest.raises(ValueError, match=r"config\.model\.attention='cudnn' needs a GPU; this machine's JAX backend "
+                                       r"is 'cpu'; set --config\.model\.attention=xla"):
+    models.build(_config(attention="cudnn", dtype="bfloat16"), load_tokenizer(None))
+
+
+@pytest.mark.parametrize("kind", ["decoder", "vlm"])
+def test_the_default_builds_the_xla_kernel(kind):
+  model = nnx.eval_shape(models.build(_config(kind), load_tokenizer(None)).init)
+  assert (model.config if kind == "decoder" else model.config.text).attention == "xla"
