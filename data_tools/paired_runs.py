@@ -1,6 +1,6 @@
 """Paired difference of two evaluated policies on the same held-out episodes, over global seeds, from two
 multi-seed workdirs (or one): each `<workdir>/seed<k>/results.json` must hold the policy's per-episode `outcomes`
-(as `configs/grpo.py`'s evaluation writes them).
+(as every recipe's evaluation, `pipeline.evaluate.evaluate_actors`, writes them).
 
   python data_tools/paired_runs.py /work/runs/grpo:il /work/runs/grpo:grpo            # B − A within one run
   python data_tools/paired_runs.py /work/runs/grpo:grpo /work/runs/grpo_lag1:grpo     # an ablation against it

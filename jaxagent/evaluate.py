@@ -1,5 +1,7 @@
 """Evaluate any policy on any task suite: success with a Wilson 95 % interval per seed, the mean and spread over
-seeds, a per-task table, mean steps, `results.json` and an HTML report of the trajectories.
+seeds with a hierarchical (seeds × episodes) bootstrap interval, per family / tier / split and per-task tables,
+mean steps, each episode's outcome (for pairing with another policy: `data_tools/paired_runs.py`),
+`results.json` and an HTML report of the trajectories.
 
     python -m jaxagent.evaluate --policy W/actor --suite sites:device/test --episodes 100 --seeds 0,1,2 --out E
     python -m jaxagent.evaluate --policy expert --suite sites:web/test/shop_price,forum_author --out E
@@ -163,7 +165,7 @@ def evaluate(args) -> dict:
   config = ml_collections.ConfigDict({
       "env": {"workers": args.workers, "step_timeout": 60.0, "reset_timeout": 90.0, "errored_retries": 2},
       "train": {"progress_bar": True}, "eval": {"temperature": args.temperature, "seed": 0}})
-  per_seed, tables, all_trajs, by_family = {}, {}, [], {}
+  per_seed, per_episode, tables, all_trajs, by_family = {}, {}, {}, [], {}
   for seed in args.seeds:
     tasks = suite.tasks(seed)
     fmt = args.format or actor_format(args) or PROFILE_FORMAT.get(
@@ -192,20 +194,31 @@ def evaluate(args) -> dict:
     by_id = stored_by_id(TrajectoryStore(store_dir))
     trajs = [by_id[t.id] for t in episodes if t.id in by_id]
     per_seed[seed] = report.summary(trajs)
+    per_episode[seed] = {"episodes": report.outcomes(trajs)}
     tables[seed] = report.per_task(trajs)
     all_trajs.append((seed, trajs, store_dir))
   headline = report.over_seeds(per_seed)
+  if all(r["episodes"]["outcomes"] for r in per_episode.values()):
+    headline["hierarchical"] = report.hierarchical_mean(
+        {s: list(r["episodes"]["outcomes"].values()) for s, r in per_episode.items()})
   results = {"policy": args.policy, "suite": args.suite, "format": args.format or actor_format(args) or
              "profile default", "temperature": args.temperature, "episodes_per_seed": args.episodes,
              "browser": args.browser, "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
              "per_task": {str(k): v for k, v in tables.items()},
-             **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {})}
+             **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {}),
+             "outcomes": {str(s): r["episodes"]["outcomes"] for s, r in per_episode.items()}}
+  if "hierarchical" in headline:
+    results["by_stratum"] = report.by_stratum(per_episode, ["episodes"])
   os.makedirs(args.out, exist_ok=True)
   results = write_results(os.path.join(args.out, "results.json"), results)
   for seed, trajs, root in all_trajs:
     report.html_report(os.path.join(args.out, f"seed{seed}", "report.html"), f"{args.policy} on {args.suite}, "
                        f"seed {seed}: {100 * per_seed[seed]['success_rate']:.1f} %", trajs, root)
   print(report.table(per_seed, headline), flush=True)
+  if "hierarchical" in headline:
+    h = headline["hierarchical"]
+    print(f"over seeds x episodes: {100 * h['mean']:.1f} % [{100 * h['ci95'][0]:.1f}, {100 * h['ci95'][1]:.1f}] "
+          "(hierarchical bootstrap, 95 %)", flush=True)
   print(f"results: {os.path.join(args.out, 'results.json')}; reports: {args.out}/seed<k>/report.html", flush=True)
   return results
 

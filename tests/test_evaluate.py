@@ -84,6 +84,8 @@ def test_expert_on_the_benchmark_reports_families_and_rubric(tmp_path):
   results = json.load(open(os.path.join(out, "results.json")))
   fam = results["by_family"]["0"]
   assert fam["all"]["episodes"] == 2 and fam["all"]["success_rate"] == 1.0 and fam["all"]["rubric"] == 1.0
+  assert results["success_rate"]["hierarchical"]["ci95"] == [1.0, 1.0] and len(results["outcomes"]["0"]) == 2
+  assert set(results["by_stratum"]["family"]) <= {"filter", "cart"} and "test_comb" in results["by_stratum"]["split"]
 
 
 def test_expert_on_the_text_backend_plays_every_intent_of_a_split(tmp_path):

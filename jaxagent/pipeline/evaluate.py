@@ -42,8 +42,9 @@ def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Seq
   """Every actor in `actors` (name → model directory or policy) on `tasks`, at `temperature` (default
   `config.eval.temperature`) with sampling seed `seed` (default `config.eval.seed`), judged by `judge` (default
   the programmatic judge; a callable gets the store directory), each episode ending by `early_stop` (default the
-  actor's format's own rule, `AgentFormat.early_stop`). Returns name → `summary` (+ `extra(name, policy,
-  trajectories)`); a restarted evaluation keeps the episodes already stored."""
+  actor's format's own rule, `AgentFormat.early_stop`). Returns name → `summary`, each episode's outcome and strata
+  (`report.outcomes`: what pairs policies and seeds later) and `extra(name, policy, trajectories)`; a restarted
+  evaluation keeps the episodes already stored."""
   temperature = float(config.eval.temperature if temperature is None else temperature)
   seed = int(config.eval.seed if seed is None else seed)
   results, writer = {}, MetricWriter(out)
@@ -56,7 +57,7 @@ def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Seq
         stop = early_stop if early_stop is not None else getattr(getattr(policy, "fmt", None), "early_stop", None)
         trajs = pool.run(policy, tasks, store, judge=judged_by or ProgrammaticJudge(), name=name, gamma=gamma,
                          early_stop=stop)
-        results[name] = summary(trajs, temperature)
+        results[name] = {**summary(trajs, temperature), **report.outcomes(trajs)}
         stats = getattr(policy, "stats", None)
         if isinstance(stats, Mapping):  # a model's rows whose prompt did not fit (an empty reply each)
           results[name]["too_long_prompts"] = int(stats.get("too_long", 0))

@@ -62,6 +62,30 @@ def over_seeds(per_seed: Mapping[int, dict]) -> dict:
           "min": min(rates, default=0.0), "max": max(rates, default=0.0), "seeds": sorted(per_seed)}
 
 
+def _bootstrap_means(per_seed: Sequence[np.ndarray], resamples: int, seed: int) -> np.ndarray:
+  """`resamples` means from a hierarchical bootstrap: seeds drawn with replacement, then each drawn seed's
+  episodes drawn with replacement, the mean of the drawn seeds' means (Davison & Hinkley 1997, §3.8: resampling
+  both stages keeps both sources of variation)."""
+  rng = np.random.default_rng(seed)
+  means = np.empty(resamples)
+  for r in range(resamples):
+    picked = rng.integers(0, len(per_seed), len(per_seed))
+    means[r] = np.mean([per_seed[i][rng.integers(0, len(per_seed[i]), len(per_seed[i]))].mean() for i in picked])
+  return means
+
+
+def hierarchical_mean(per_seed: Mapping[int, Sequence[float]], resamples: int = 10_000, seed: int = 0) -> dict:
+  """One policy over global seeds: `per_seed[s]` each episode's outcome (0/1). The mean of the per-seed means
+  and its 95 % interval from the hierarchical (seeds × episodes) bootstrap."""
+  seeds = sorted(per_seed)
+  outcomes = [np.asarray(per_seed[s], np.float64) for s in seeds]
+  if not outcomes or not all(len(o) for o in outcomes):
+    raise ValueError(f"hierarchical_mean: every seed needs at least one episode; got {[len(o) for o in outcomes]}")
+  lo, hi = np.quantile(_bootstrap_means(outcomes, resamples, seed), [0.025, 0.975])
+  return {"mean": float(np.mean([o.mean() for o in outcomes])), "ci95": (float(lo), float(hi)),
+          "episodes": [len(o) for o in outcomes]}
+
+
 def paired_difference(per_seed: Mapping[int, tuple[Sequence[float], Sequence[float]]], resamples: int = 10_000,
                       seed: int = 0) -> dict:
   """Policy B − policy A on the same episodes, over global seeds: `per_seed[s] = (a, b)`, each episode's outcome
@@ -77,15 +101,72 @@ def paired_difference(per_seed: Mapping[int, tuple[Sequence[float], Sequence[flo
     diffs.append(b - a)
   if not diffs:
     raise ValueError("paired_difference: no seed")
-  rng = np.random.default_rng(seed)
-  means = np.empty(resamples)
-  for r in range(resamples):
-    picked = rng.integers(0, len(diffs), len(diffs))
-    means[r] = np.mean([diffs[i][rng.integers(0, len(diffs[i]), len(diffs[i]))].mean() for i in picked])
+  means = _bootstrap_means(diffs, resamples, seed)
   lo, hi = np.quantile(means, [0.025, 0.975])
   return {"mean": float(np.mean([d.mean() for d in diffs])), "ci95": (float(lo), float(hi)),
           "p_improve": float(np.mean(means > 0)), "per_seed": {s: float(d.mean()) for s, d in zip(seeds, diffs)},
           "episodes": [len(d) for d in diffs]}
+
+
+def strata(task: types.Task) -> dict[str, str]:
+  """What a results table breaks an episode down by: its family (the benchmark's, else its template), its tier
+  (benchmark tasks) and its split."""
+  out = {"family": str(task.meta.get("family") or task.template or "?"), "split": str(task.split or "?")}
+  if task.meta.get("tier") is not None:
+    out["tier"] = f"tier{task.meta['tier']}"
+  return out
+
+
+def outcomes(trajs: Sequence[types.Trajectory]) -> dict:
+  """Each episode that ran (errored ones are neither successes nor failures, as in `summary`): its 0/1 outcome
+  and its `strata`, by episode id, so that policies and seeds can be paired and broken down later."""
+  ran = [t for t in trajs if t.status != "errored"]
+  return {"outcomes": {t.task.id: float(t.success == 1.0) for t in ran},
+          "strata": {t.task.id: strata(t.task) for t in ran}}
+
+
+def by_stratum(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], resamples: int = 2_000) -> dict:
+  """Per stratum kind (family, tier, split) and value: each policy's mean over seeds with its hierarchical
+  interval, and each later policy minus the first, paired on the same episodes. `per_seed[s][name]` holds
+  `outcomes` and `strata` (`outcomes()`); a stratum absent from some seed is left out."""
+  first = next(iter(per_seed.values()))
+  kinds = sorted({k for st in first[names[0]]["strata"].values() for k in st})
+  out: dict[str, dict] = {}
+  for kind in kinds:
+    values = sorted({st.get(kind) for r in per_seed.values() for st in r[names[0]]["strata"].values()} - {None})
+    for value in values:
+      ids = {s: sorted(i for i, st in r[names[0]]["strata"].items() if st.get(kind) == value
+                       and all(i in r[n]["outcomes"] for n in names)) for s, r in per_seed.items()}
+      if not all(ids.values()):
+        continue
+      row = {n: hierarchical_mean({s: [per_seed[s][n]["outcomes"][i] for i in ids[s]] for s in per_seed},
+                                  resamples) for n in names}
+      for n in names[1:]:
+        row[f"{n} - {names[0]}"] = paired_difference(
+            {s: ([per_seed[s][names[0]]["outcomes"][i] for i in ids[s]], [per_seed[s][n]["outcomes"][i] for i in ids[s]])
+             for s in per_seed}, resamples)
+      out.setdefault(kind, {})[value] = row
+  return out
+
+
+def stratum_table(by: Mapping[str, Mapping[str, Mapping]]) -> str:
+  """`by_stratum`'s result as a Markdown table: per stratum, each policy's mean [95 % interval] and each paired
+  difference with its interval and P(improvement)."""
+  lines = []
+  for kind, rows in by.items():
+    names = list(next(iter(rows.values())))
+    lines += [f"| {kind} | episodes / seed | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for value, row in rows.items():
+      cells = []
+      for n in names:
+        r = row[n]
+        cell = f"{100 * r['mean']:+.1f}" if " - " in n else f"{100 * r['mean']:.1f}"
+        cell += f" [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
+        cells.append(cell + (f" P {r['p_improve']:.2f}" if "p_improve" in r else ""))
+      lines.append(f"| {value} | {min(row[names[0]]['episodes'])}–{max(row[names[0]]['episodes'])} | "
+                   + " | ".join(cells) + " |")
+    lines.append("")
+  return "\n".join(lines).rstrip()
 
 
 def table(per_seed: Mapping[int, dict], headline: dict) -> str:

@@ -91,11 +91,18 @@ def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Seque
     per_seed[int(seed)] = run(cfg, out)
   if not all(isinstance(r, dict) for r in per_seed.values()):
     return _listed(per_seed, workdir)
-  paired = paired_differences(per_seed)
-  combined = {"seeds": list(map(int, seeds)), **combine(_without_outcomes(per_seed)), **paired}
+  combined = {"seeds": list(map(int, seeds)), **combine(_without_outcomes(per_seed))}
+  for name, stats in hierarchical(per_seed).items():
+    combined[name]["hierarchical"] = stats
+  combined.update(paired_differences(per_seed))
+  combined.update(stratified(per_seed))
   if distributed.is_main():  # every process combined the same results
     write_json(os.path.join(workdir, "results.json"), with_provenance(combined))
   print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
+  for name, d in {n: r["hierarchical"] for n, r in combined.items() if isinstance(r, dict) and "hierarchical" in r
+                  }.items():
+    print(f"{name}: {d['mean']:.1%} [{d['ci95'][0]:.1%}, {d['ci95'][1]:.1%}] over seeds x episodes "
+          f"({sum(d['episodes'])} episodes)")
   for name, d in combined.get("paired", {}).items():
     print(f"{name}: {d['mean']:+.1%} [{d['ci95'][0]:+.1%}, {d['ci95'][1]:+.1%}] paired over "
           f"{sum(d['episodes'])} episodes, P(improvement) {d['p_improve']:.2f}")
@@ -103,18 +110,30 @@ def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Seque
 
 
 def _without_outcomes(per_seed: dict[int, Any]) -> dict[int, Any]:
-  return {s: {k: ({kk: vv for kk, vv in v.items() if kk != "outcomes"} if isinstance(v, dict) else v)
+  return {s: {k: ({kk: vv for kk, vv in v.items() if kk not in ("outcomes", "strata")} if isinstance(v, dict) else v)
               for k, v in r.items()} for s, r in per_seed.items()}
+
+
+def _with_outcomes(per_seed: dict[int, Any]) -> list[str]:
+  """The policies whose per-episode `outcomes` every seed's results give (in the first seed's order)."""
+  results = list(per_seed.values())
+  return [n for n, r in results[0].items() if isinstance(r, dict) and "outcomes" in r
+          and all(isinstance(x.get(n), dict) and x[n].get("outcomes") for x in results)]
+
+
+def hierarchical(per_seed: dict[int, Any]) -> dict:
+  """Each policy with per-episode outcomes: its mean over seeds with the hierarchical (seeds × episodes)
+  bootstrap 95 % interval (`report.hierarchical_mean`)."""
+  return {n: report.hierarchical_mean({s: list(r[n]["outcomes"].values()) for s, r in per_seed.items()})
+          for n in _with_outcomes(per_seed)}
 
 
 def paired_differences(per_seed: dict[int, Any]) -> dict:
   """Where every seed's results give each policy's per-episode `outcomes` (episode id → 0/1 on the same
   episodes), each policy after the first minus the first (the start it was trained from), paired per episode
   (`report.paired_difference`: the mean, a hierarchical bootstrap 95 % interval, the probability of improvement)."""
-  results = list(per_seed.values())
-  names = [n for n, r in results[0].items() if isinstance(r, dict) and "outcomes" in r]
-  if len(names) < 2 or not all(all(isinstance(r.get(n), dict) and "outcomes" in r[n] for n in names)
-                               for r in results):
+  names = _with_outcomes(per_seed)
+  if len(names) < 2:
     return {}
   base, out = names[0], {}
   for name in names[1:]:
@@ -124,6 +143,15 @@ def paired_differences(per_seed: dict[int, Any]) -> dict:
       pairs[s] = ([r[base]["outcomes"][i] for i in ids], [r[name]["outcomes"][i] for i in ids])
     out[f"{name} - {base}"] = report.paired_difference(pairs)
   return {"paired": out}
+
+
+def stratified(per_seed: dict[int, Any]) -> dict:
+  """Per family, tier and split (`report.by_stratum`), where every seed's results give each policy's outcomes
+  with their strata: each policy's mean and interval, each later policy minus the first, paired."""
+  names = _with_outcomes(per_seed)
+  if not names or not all(all(r[n].get("strata") for n in names) for r in per_seed.values()):
+    return {}
+  return {"by_stratum": report.by_stratum(per_seed, names)}
 
 
 def _listed(per_seed: dict[int, Any], workdir: str) -> dict:

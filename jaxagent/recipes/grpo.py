@@ -133,9 +133,7 @@ def stage_eval(config, workdir, out):
   """The IL start and the GRPO actor on every held-out test episode (once each), same episodes, same temperature."""
   actors = {"il": os.path.join(workdir, "il"), "grpo": os.path.join(workdir, "grpo", "actor")}
   tasks = suite(workdir, "test")
-  results = evaluate_actors(config, actors, tasks, out, env_spec=env_spec(), judge=RewardJudge(),
-                            extra=lambda name, policy, trajs: {"outcomes": {t.task.id: float(t.success == 1.0)
-                                                                            for t in trajs}})
+  results = evaluate_actors(config, actors, tasks, out, env_spec=env_spec(), judge=RewardJudge())
   write_results(os.path.join(workdir, "results.json"), results)
   return results
 

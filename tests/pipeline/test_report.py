@@ -35,3 +35,51 @@ def test_paired_difference_by_hand_and_its_bootstrap_covers_both_levels():
   assert mixed["ci95"][0] < 0 < mixed["ci95"][1] and 0.3 < mixed["p_improve"] < 0.7
   with pytest.raises(ValueError, match="pair up"):
     paired_difference({0: ([0, 1], [1])})
+
+
+def test_hierarchical_mean_by_hand_and_its_interval_spans_the_seeds():
+  # two seeds of one episode each: the bootstrap mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4
+  two = report.hierarchical_mean({0: [1.0], 1: [0.0]}, resamples=4000)
+  assert two["mean"] == 0.5 and two["ci95"] == (0.0, 1.0) and two["episodes"] == [1, 1]
+  assert report.hierarchical_mean({3: [1, 1, 1]}, resamples=100)["ci95"] == (1.0, 1.0)
+  # seeds that disagree completely: 40 episodes pooled would give roughly [0.35, 0.65]; resampling the seeds
+  # first keeps the seed-to-seed variation, so the interval reaches both ends
+  split = report.hierarchical_mean({0: [1.0] * 20, 1: [0.0] * 20}, resamples=4000)
+  assert split["mean"] == 0.5 and split["ci95"] == (0.0, 1.0)
+  with pytest.raises(ValueError, match="at least one episode"):
+    report.hierarchical_mean({0: [1.0], 1: []})
+
+
+def _task(i, family, tier, split="test_comb"):
+  from jaxagent import types
+  return types.Task(id=f"t{i}", intent="x", site="shop", start_url="", split=split, template=family,
+                    meta={"family": family, "tier": tier})
+
+
+def test_outcomes_keep_each_episode_that_ran_with_its_strata():
+  from jaxagent import types
+  trajs = [types.Trajectory(task=_task(0, "cart", 2), steps=[], success=1.0),
+           types.Trajectory(task=_task(1, "buy", 3), steps=[], success=0.0),
+           types.Trajectory(task=_task(2, "buy", 3), steps=[], success=None, status="errored")]
+  out = report.outcomes(trajs)
+  assert out["outcomes"] == {"t0": 1.0, "t1": 0.0}  # errored: neither success nor failure, as in `summary`
+  assert out["strata"]["t1"] == {"family": "buy", "tier": "tier3", "split": "test_comb"}
+  miniwob = types.Task(id="m", intent="x", site="miniwob", start_url="", template="click-button")
+  assert report.strata(miniwob) == {"family": "click-button", "split": "train"}  # the Task default
+
+
+def test_by_stratum_by_hand():
+  st = {"a": {"family": "cart", "split": "s"}, "b": {"family": "cart", "split": "s"},
+        "c": {"family": "buy", "split": "s"}}
+  per_seed = {0: {"il": {"outcomes": {"a": 0.0, "b": 1.0, "c": 0.0}, "strata": st},
+                  "rl": {"outcomes": {"a": 1.0, "b": 1.0, "c": 0.0}, "strata": st}},
+              1: {"il": {"outcomes": {"a": 0.0, "b": 0.0}, "strata": st},
+                  "rl": {"outcomes": {"a": 1.0, "b": 0.0}, "strata": st}}}  # seed 1 has no "buy" episode
+  by = report.by_stratum(per_seed, ["il", "rl"], resamples=500)
+  assert set(by["family"]) == {"cart"}  # a stratum missing from a seed is left out
+  cart = by["family"]["cart"]
+  assert cart["il"]["mean"] == pytest.approx(0.25) and cart["rl"]["mean"] == pytest.approx(0.75)
+  assert cart["rl - il"]["mean"] == pytest.approx(0.5) and cart["il"]["episodes"] == [2, 2]
+  assert by["split"]["s"]["rl - il"]["per_seed"] == {0: pytest.approx(1 / 3), 1: 0.5}
+  table = report.stratum_table(by)
+  assert "| cart | 2–2 | 25.0 [" in table and "+50.0 [" in table and "P " in table

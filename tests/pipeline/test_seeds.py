@@ -115,3 +115,25 @@ def test_policies_with_per_episode_outcomes_get_paired_differences_against_the_f
   assert 0.9 < paired["p_improve"] < 1.0  # a resample may draw only the tied episodes
   assert "outcomes" not in seeds.combine(seeds._without_outcomes(per_seed))["il"]  # pylint: disable=protected-access
   assert seeds.paired_differences({0: {"il": {"success_rate": 0.5}}}) == {}
+  hier = seeds.hierarchical(per_seed)
+  assert hier["il"]["mean"] == pytest.approx(0.25) and hier["grpo"]["mean"] == pytest.approx(0.75)
+  assert seeds.stratified(per_seed) == {}  # no strata recorded: no breakdown
+
+
+def test_run_seeds_writes_each_policys_interval_and_the_breakdown_by_stratum(tmp_path):
+  st = {"a": {"family": "cart", "split": "test_comb"}, "b": {"family": "buy", "split": "test_value"}}
+
+  def run(cfg, out):
+    il = {"a": 0.0, "b": float(cfg.seed)}
+    return {"il": {"success_rate": sum(il.values()) / 2, "outcomes": il, "strata": st},
+            "rl": {"success_rate": 1.0, "outcomes": {"a": 1.0, "b": 1.0}, "strata": st}}
+
+  config = ml_collections.ConfigDict({"seed": 0})
+  combined = seeds.run_seeds(run, config, str(tmp_path), [0, 1], lambda c, d: os.makedirs(d, exist_ok=True))
+  assert combined["il"]["hierarchical"]["mean"] == pytest.approx(0.25) and "outcomes" not in combined["il"]
+  assert "strata" not in combined["rl"]
+  assert combined["paired"]["rl - il"]["mean"] == pytest.approx(0.75)
+  assert combined["by_stratum"]["family"]["buy"]["rl - il"]["per_seed"] == {0: 1.0, 1: 0.0}
+  assert combined["by_stratum"]["split"]["test_comb"]["il"]["mean"] == 0.0
+  written = json.load(open(tmp_path / "results.json"))
+  assert written["by_stratum"]["family"]["cart"]["rl"]["mean"] == 1.0
