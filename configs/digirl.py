@@ -19,6 +19,9 @@ Keys a researcher changes first:
   judge.kind programmatic | llm (DigiRL's per-step evaluator prompt against any OpenAI-compatible endpoint)
   parse      faithful (a decision the original cannot unpack ends the episode) | lenient (it is a no-op)
   model.kind vlm | autoui (the original's encoder-decoder actor: T5 over a frozen image encoder's pooled feature)
+  capacity   the code's replay buffer size (2000, a FIFO over transitions): the step critic's replay and each
+             actor's filtered buffer hold the newest `capacity` transitions of their trajectories in the order
+             they came (offline, then each online round); 0 = unbounded, every transition (the cap's ablation)
 
 Variants (`configs/digirl.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digirl.py`).
@@ -61,6 +64,7 @@ def get_config(arg=None):
                                                digirl_task_set="general"))
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))
   c.gamma = 0.5  # MC return discount (the code's `gamma`)
+  c.capacity = 2000  # transitions in each replay buffer (the code's `capacity`); 0 = unbounded
 
   c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train"))  # split: train | train_a | train_b
   c.il = config_lib.stage(steps=500, batch_size=8, lr=3e-3)
@@ -90,7 +94,7 @@ def get_config(arg=None):
   # the critics and the actor continue training (the code: 16 episodes; 5, 5 and 20 steps). `max_lag` > 0 collects
   # each iteration with the actor that many updates back, while the newer ones train (pipeline/async_collect.py;
   # 0 = the code's alternation).
-  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, capacity=2000, max_lag=0))
+  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, max_lag=0))
   c.online.traj_critic = config_lib.stage(steps=50, batch_size=32, lr=1e-3, clip_norm=1.0, warmup_steps=0,
                                           end_lr_ratio=1.0)
   c.online.critic = config_lib.stage(steps=100, batch_size=64, lr=1e-3, clip_norm=1.0, warmup_steps=0,

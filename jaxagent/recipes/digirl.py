@@ -8,13 +8,16 @@ iteration):
                   tasks for the evaluation alone
   il              the scripted expert's demonstrations → the VLM trained on them (AutoUI's SFT checkpoint)
   offline_data    the IL actor's judged rollouts on the train tasks at `offline.temperature` (or `data.path`)
-  critics         image features of every state; the instruction-level critic V^inst and the step-level double
-                  critic V^step trained on the offline data (the code's offline phase, §4.8)
-  filtered_bc     the baseline: every step of the top-10 % trajectories by reward, trained from the IL actor
-  digirl_offline  the same trajectories' steps whose advantage passes the hard filter, trained from the IL actor
-  online          (off2on, online) iterations of: rollouts of the current actor on train tasks → V^inst and
-                  V^step continue training on all the data → the actor continues on the steps of the top-10 %
-                  trajectories by reward − V^inst with A > 0 (Filtered BC: top-10 % by reward)
+  critics         image features of every state; the instruction-level critic V^inst on every offline trajectory
+                  and the step-level double critic V^step on the replay, their newest `capacity` steps (the
+                  code's offline phase, §4.8)
+  filtered_bc     the baseline: the newest `capacity` steps of the top-10 % trajectories by reward (the code's
+                  filtered buffer), trained from the IL actor
+  digirl_offline  the same buffer's steps whose advantage passes the hard filter, trained from the IL actor
+  online          (off2on, online) iterations of: rollouts of the current actor on train tasks → V^inst on all
+                  the trajectories and V^step on the replay continue training → the actor continues on the
+                  newest `capacity` steps of the top-10 % trajectories by reward − V^inst with A > 0 (Filtered
+                  BC: top-10 % by reward)
   eval            every trained actor on the same held-out test episodes at `eval.temperature`: `results.json`,
                   TensorBoard, a table
 
@@ -32,7 +35,7 @@ from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import ConfigError, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, write_results
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages, read_json, write_text
@@ -73,6 +76,13 @@ def run(config, workdir: str) -> dict:
   print("\n" + report.policy_table(results))
   print(stages.table())
   return results
+
+
+def check_config(config) -> None:
+  """The keys `pipeline.config.validate` has no rule for (`jaxagent.main` calls it before any work)."""
+  if isinstance(config.capacity, bool) or not isinstance(config.capacity, int) or config.capacity < 0:
+    raise ConfigError(f"config.capacity={config.capacity!r}: must be a whole number >= 0 (the replay buffers' "
+                      "transitions; 0 = unbounded); set --config.capacity=2000 (the code's)")
 
 
 # ------------------------------------------------------------------------------------------ stages

@@ -186,6 +186,22 @@ def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
     assert allowed in str(e.value)
 
 
+def test_the_replay_capacity_is_the_codes_2000_transitions():
+  for config in (_config(""), _config("paper"), filtered_bc_config.get_config("")):
+    assert config.capacity == 2000  # `scripts/config/main/default.yaml: capacity: 2000`
+    digirl.check_config(config)
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, True, "2000"])
+def test_a_bad_capacity_is_refused_naming_the_key(value):
+  config = _config()
+  config.unlock()
+  del config["capacity"]
+  config.capacity = value
+  with pytest.raises(ConfigError, match=r"config\.capacity=.*whole number >= 0.*--config\.capacity="):
+    digirl.check_config(config)
+
+
 def test_filtered_bc_config_is_digirl_with_the_baseline_algorithm():
   fbc, base = filtered_bc_config.get_config("smoke"), _config()
   assert fbc.algorithm == "filtered_bc" and base.algorithm == "digirl"

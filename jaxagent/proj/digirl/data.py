@@ -31,11 +31,12 @@ class Data:
     self.trajs += [t for t, _ in keep]
     self.screens += [f for _, f in keep]
 
-  def step_arrays(self, config, last: int | None = None) -> dict[str, np.ndarray]:
-    """The step rows of every trajectory, or of the most recent ones holding about `last` steps (the code's
-    FIFO replay buffer of `capacity` transitions)."""
+  def step_arrays(self, config, last: int = 0) -> dict[str, np.ndarray]:
+    """The step rows of every trajectory in the order they were added, or (`last` > 0) the newest `last` rows:
+    the code's replay buffer of `capacity` transitions, a FIFO that overwrites the oldest. Rows are built from
+    whole trajectories, so a trajectory the cap cuts keeps its frame stack."""
     start = 0
-    if last is not None:
+    if last > 0:
       total = 0
       for start in range(len(self.trajs) - 1, -1, -1):
         total += len(self.trajs[start].steps)
@@ -44,7 +45,7 @@ class Data:
     arrays = critics.step_arrays(self.trajs[start:], self.screens[start:], int(config.features.text_dim),
                                  float(config.gamma))
     arrays["index"][:, 0] += start
-    return arrays
+    return {k: v[-last:] for k, v in arrays.items()} if 0 < last < len(arrays["index"]) else arrays
 
   def samples(self, picks, image_dir: str) -> list[dict]:
     """Training samples of (trajectory i, step k, action, weight) picks, each from its own store."""

@@ -16,11 +16,11 @@ from jaxagent.train import loop
 
 def train_critics(config, data: Data, out: str, blocks, start=None) -> tuple[critics.TrajectoryCritic,
                                                                                    critics.StepCritic, dict]:
-  """V^inst on every trajectory and V^step on the replay (the last `online.capacity` steps), with the stage blocks
+  """V^inst on every trajectory and V^step on the replay (the newest `capacity` steps), with the stage blocks
   `blocks` = (traj_critic, critic); `start` = the critics to continue from."""
   text_dim = int(config.features.text_dim)
   traj_rows = critics.trajectory_arrays(data.trajs, text_dim)
-  steps = data.step_arrays(config, int(config.online.capacity))
+  steps = data.step_arrays(config, int(config.capacity))
   traj_fn, step_fn = _critic_models(config, text_dim, steps["image"].shape[-1])
   traj_critic = critics.train(stage_config(config, blocks[0], seed_offset=5), os.path.join(out, "traj_critic"),
                               traj_rows, traj_fn, critics.trajectory_critic_loss, start and start[0])
@@ -61,12 +61,14 @@ def online_keep(config, data: Data, traj_critic: critics.TrajectoryCritic | None
 
 
 def actor_picks(config, data: Data, algorithm: str, keep: np.ndarray, step_critic=None) -> tuple[list, dict]:
-  """The actor's (i, k, action, weight) samples from the kept trajectories: every step (Filtered BC) or the steps
-  whose advantage passes the hard filter (DigiRL)."""
+  """The actor's (i, k, action, weight) samples from the filtered buffer, the newest `capacity` steps of the kept
+  trajectories in the order they came (`filter_buffer` fills a fresh FIFO of `capacity` transitions): every step
+  (Filtered BC) or the steps whose advantage passes the hard filter (DigiRL)."""
   arrays = data.step_arrays(config)
   rows = np.flatnonzero(keep[arrays["index"][:, 0]])
+  rows = rows[-int(config.capacity):] if int(config.capacity) > 0 else rows
   info = {"kept_trajectories": int(keep.sum()), "kept_success": _mean(np.asarray(
-      [data.trajs[i].success == 1.0 for i in np.flatnonzero(keep)]))}
+      [data.trajs[i].success == 1.0 for i in np.flatnonzero(keep)])), "buffer_steps": int(len(rows))}
   if algorithm == "digirl":
     v, v_next = critics.step_values(step_critic, arrays)
     adv, w = critics.step_weights(v, v_next, arrays, str(config.actor.advantage), float(config.gamma),
