@@ -16,6 +16,10 @@ solves 3 % of it). Figures and each departure from the original code: docs/resul
 feature); the representation model is then a VLM of its own (`representation.hf_checkpoint`, else a tiny one from
 scratch), as the original pairs AutoUI with LLaVA.
 
+`--config.tasks.suite=bench`: the sites benchmark (`docs/benchmark.md`): its train_a / train_b / train_c, the held-out
+headline as `test`, the negative control as `control`; `tasks.templates` then names benchmark families ("" = all),
+`tasks.level` the perturbation level (default 2), each family keeping its own step cap.
+
 Variants (`configs/digiq.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digiq.py`).
   paper  Digi-Q's scale and hyper-parameters (§5.7): every device family, behaviour data on the train tasks,
@@ -50,6 +54,8 @@ def get_config(arg=None):
   c.tasks.seed = 0  # the bundled sites' world and suites
   c.tasks.templates = "shop_category_order"  # "" = every device family
   c.tasks.max_steps = 8  # per episode (AitW general: 10)
+  c.tasks.suite = "sites"  # | "bench": the sites benchmark (`pipeline.tasks.bench_tasks`)
+  c.tasks.level = 2  # the benchmark's perturbation level (suite=bench)
 
   c.env = config_lib.env_block(workers=6)  # 6 browsers: 100 episodes in ~130 s on 2 cores (2 took ~220 s)
   # How an AutoUI reply is read: faithful (the original's split; a decision it cannot unpack ends the episode)

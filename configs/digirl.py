@@ -22,6 +22,12 @@ Keys a researcher changes first:
   capacity   the code's replay buffer size (2000, a FIFO over transitions): the step critic's replay and each
              actor's filtered buffer hold the newest `capacity` transitions of their trajectories in the order
              they came (offline, then each online round); 0 = unbounded, every transition (the cap's ablation)
+  tasks.suite  sites (the bundled sites' template suites) | bench (the sites benchmark, `docs/benchmark.md`: its
+             train_a / train_b / train_c, the held-out headline as `test`, the negative control as `control`;
+             `tasks.templates` then names benchmark families ("" = all), `tasks.level` the perturbation level
+             (default 2, the headline's), and each family keeps its own step cap instead of `tasks.max_steps`).
+             Which stage reads which split is the recipe's own: today every stage that read `train` reads all
+             three parts.
 
 Variants (`configs/digirl.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digirl.py`).
@@ -56,7 +62,8 @@ def get_config(arg=None):
   c.data.max_images = 1  # AutoUI sees the current screen only
   c.data.num_threads = 2
 
-  c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_sort", max_steps=8))
+  c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_sort", max_steps=8, suite="sites",
+                                           level=2))
   c.env = config_lib.env_block(workers=2)
   c.judge = ml_collections.ConfigDict()
   c.judge.kind = "programmatic"  # programmatic | llm

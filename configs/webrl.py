@@ -16,6 +16,12 @@ Keys a researcher changes first:
   phases            how many curriculum → rollouts → critic → actor phases
   curriculum.tasks  new tasks per phase (the original keeps 500)
   actor.loss        code (the code's clipped log-ratio regression, §3.8) | paper ((β log π/π_ref − A)²) | sft
+  actor.normalize   sample (actor.loss=code's log-ratio over each sample's tokens, as the code's batch of one per
+                    device) | batch (over the whole batch's kept tokens: the figures before this key)
+  replay.chunks     the replay keeps each task's first success within each of this many strided chunks of the past
+                    episodes (the original's 8 worker chunks: up to 8 a task) | 1 (one a task: the figures before)
+  orm.page          full (the ORM reads the last step's whole page, the sample cut by tokens at data.seq_len, as
+                    the original) | prompt (the page as the prompt cut it at prompt_chars: the figures before)
   html              full (the observer's simplified HTML) | compact (the original parser's attributes, no data-bbox)
   sft.warmup        steps / prompt_chars: SFT steps on the demonstrations with each page cut to prompt_chars
                     characters before the SFT proper (a departure; 0 steps = off); orm.warmup the same for the ORM (off)
@@ -30,6 +36,12 @@ Keys a researcher changes first:
                     variations (offline: other parameters of the failed task's template, each with its
                     evaluator) | openai (gen_task.py's GPT-4o prompt at `curriculum.openai.base_url`, any
                     OpenAI-compatible endpoint; its tasks have no evaluator, the ORM rewards them; needs reward=orm)
+  tasks.suite       sites (the bundled sites' template suites) | bench (the sites benchmark, `docs/benchmark.md`:
+                    its train_a / train_b / train_c, the held-out headline as `test`, the negative control as
+                    `control`; `tasks.templates` then names benchmark families ("" = all), `tasks.level` the
+                    perturbation level (default 2, the headline's), and each family keeps its own step cap instead
+                    of `tasks.max_steps`). Which stage reads which split is the recipe's own: today every stage that
+                    read `train` reads all three parts.
 
 Variants (`configs/webrl.py:<name>`):
   smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
@@ -65,7 +77,8 @@ def get_config(arg=None):
   c.data.max_images = 0
   c.data.num_threads = 2
 
-  c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6))
+  c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6, suite="sites",
+                                           level=2))
   # VAB run.py's early stop, as WebRL's evaluation ran it: after k consecutive parse failures or identical replies.
   c.early_stop = ml_collections.ConfigDict(dict(parse_failures=5, repeats=5))  # 0 turns a rule off
   c.env = config_lib.env_block(workers=4)
@@ -93,6 +106,9 @@ def get_config(arg=None):
   # the same departure as sft.warmup for the ORM, the final page cut; off, as the run's 20 minutes need its time
   # (without it the ORM says YES to every episode at two seeds of three: docs/results/webrl.md#committed)
   c.orm.warmup = ml_collections.ConfigDict(dict(steps=0, prompt_chars=200))
+  # the final page it reads: full (rm_format's whole last page; a sample over data.seq_len loses the page's end,
+  # as the original keeps a prompt's first tokens) | prompt (as the policy's prompt cut it: shorter sequences)
+  c.orm.page = "full"
 
   c.phases = 2
   c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
@@ -112,7 +128,12 @@ def get_config(arg=None):
   c.actor.epochs = 2.0
   c.actor.beta = 0.5  # the paper's β (actor.loss=paper)
   c.actor.add_sft_loss = False  # the code's add_sft_loss term (off in its configs)
-  c.replay = ml_collections.ConfigDict(dict(low=0.5, high=0.95, cap=2))
+  # actor.loss=code's log-ratio normalisation: sample (each sample's action tokens: the code's batch of one per
+  # device) | batch (the batch's kept tokens together: a smaller ratio, a larger β, smaller gradients)
+  c.actor.normalize = "sample"
+  # chunks: the first success of each task is kept within each strided chunk past[i::chunks] (replay_data's 8
+  # worker processes: up to 8 a task); 1 = one a task overall
+  c.replay = ml_collections.ConfigDict(dict(low=0.5, high=0.95, cap=2, chunks=8))
 
   c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.0, seed=1))  # VAB evaluates at T 0
 

@@ -76,6 +76,12 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
       raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
                         "comma-separated")
   _check_precision(config.get("model"))
+  if config.get("tasks") is not None and "suite" in config.tasks:
+    from jaxagent.pipeline.tasks import check_tasks  # pylint: disable=g-import-not-at-top
+    try:
+      check_tasks(config.tasks)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   env = config.get("env")
   if env is not None and env.get("backend") is not None:
     from jaxagent.envs.backends import BACKENDS  # pylint: disable=g-import-not-at-top

@@ -66,15 +66,57 @@ def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: i
   return out
 
 
+SUITES = ("sites", "bench")  # config.tasks.suite
+
+
 def stage_tasks(config, out: str, profile: str) -> dict:
-  """A recipe's `tasks` stage: the bundled sites' `profile` suites of `config.tasks.templates` (seed
-  `config.tasks.seed`, episodes capped at `config.tasks.max_steps`), one JSON task a line per split, and the
-  train split's two parts (`train_a`, `train_b`: `Task.meta["part"]`), which share no intent."""
+  """A recipe's `tasks` stage, one JSON task a line per split. `config.tasks.suite="sites"`: the bundled sites'
+  `profile` suites of `config.tasks.templates` (seed `config.tasks.seed`, episodes capped at
+  `config.tasks.max_steps`), and the train split's two parts (`train_a`, `train_b`: `Task.meta["part"]`), which
+  share no intent. `"bench"`: the sites benchmark (`bench_tasks`)."""
+  if str(config.tasks.get("suite", "sites")) == "bench":
+    return bench_tasks(config, out, profile)
   from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top  # the sites load only where used
   suites = sites.select(config.tasks.seed, profile, config.tasks.templates, config.tasks.max_steps)
   for part in ("a", "b"):
     suites[f"train_{part}"] = [t for t in suites["train"] if t.meta.get("part") == part]
   return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in suites.items()}
+
+
+def bench_tasks(config, out: str, profile: str) -> dict:
+  """The sites benchmark's splits (`envs/sites/bench.py`, `docs/benchmark.md`) for `profile` at perturbation level
+  `config.tasks.level`, families `config.tasks.templates` ("" = all), world `config.tasks.seed`; each family's
+  own step cap. `train_a` (demonstrations), `train_b` (offline, behaviour and ORM data), `train_c` (online rounds,
+  curriculum, exploration), `train` (the three), `test` (the headline: every held-out intent once, the negative
+  control left out) and `control` (the negative control's held-out intents)."""
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  families = [f.strip() for f in str(config.tasks.templates).split(",") if f.strip()] or list(bench.FAMILIES)
+  made = bench.generate(int(config.tasks.seed), profile, int(config.tasks.level), families,
+                        bench.TRAIN_SPLITS + bench.HEADLINE)
+  splits = {s: made[s] for s in bench.TRAIN_SPLITS}
+  splits["train"] = [t for s in bench.TRAIN_SPLITS for t in made[s]]
+  splits["test"] = bench.headline(made)
+  splits["control"] = [t for t in made["test_comb"] if t.meta.get("family") == bench.CONTROL]
+  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in splits.items()}
+
+
+def check_tasks(tasks) -> None:
+  """`config.tasks.suite`, and for the benchmark `level` and the families in `templates`, refused before any work
+  with a ValueError naming the key."""
+  suite = tasks.get("suite", "sites")
+  if suite not in SUITES:
+    raise ValueError(f"config.tasks.suite={suite!r} is not one of {SUITES}; set --config.tasks.suite=sites")
+  if suite != "bench":
+    return
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  level = tasks.get("level", 0)
+  if isinstance(level, bool) or level not in bench.LEVELS:
+    raise ValueError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
+                     f"{tuple(bench.LEVELS)}; set --config.tasks.level=2 (the headline's)")
+  unknown = [f for f in str(tasks.get("templates", "")).split(",") if f.strip() and f.strip() not in bench.FAMILIES]
+  if unknown:
+    raise ValueError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
+                     f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
 
 
 def success_rate(trajs: Sequence[types.Trajectory]) -> float:
