@@ -86,6 +86,8 @@ def main(argv=None) -> dict:
     config = ml_collections.ConfigDict(json.load(f))
   if "held_out" not in config.orm:
     config.orm.held_out = "episode"  # a run from before the key split by episode
+  if "page" not in config.orm:
+    config.orm.page = "prompt"  # a run from before the key read the page as the prompt cut it
   for assignment in args.overrides:
     override(config, assignment)
   config.train.progress_bar = False
@@ -97,10 +99,11 @@ def main(argv=None) -> dict:
   samples = [(t, t.success == 1.0) for t in train]
   if args.relabel:
     samples += relabel(train, device.suite(args.workdir, "train"), args.relabel, int(config.seed))
-  items = [orm.orm_sample(t, ok, f"orm-{i}") for i, (t, ok) in enumerate(samples)]
+  options = orm.text_options(config)
+  items = [orm.orm_sample(t, ok, f"orm-{i}", **options) for i, (t, ok) in enumerate(samples)]
   held_out = orm.train(config, args.workdir, args.out, items, val, from_policy=not args.from_checkpoint)
   texts = {it["conversations"][0]["value"] for it in items}
-  fresh = [t for t in val if orm.orm_text(t) not in texts]
+  fresh = [t for t in val if orm.orm_text(t, **options) not in texts]
   result = {"train_samples": len(items), "train_positive": sum(ok for _, ok in samples), "held_out": held_out,
             "fresh_episodes": len(fresh), "seconds": round(time.monotonic() - start)}
   print(json.dumps(result))

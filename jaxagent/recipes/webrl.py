@@ -48,6 +48,7 @@ from jaxagent.pipeline.stages import Stages, read_json, write_json
 from jaxagent.pipeline.tasks import draw_episodes, suite, success_rate, test_episodes
 from jaxagent.proj.webrl import critic as critic_lib
 from jaxagent.proj.webrl import curriculum, data, orm, replay, warmup
+from jaxagent.rl.losses import WEBRL_NORMALIZE
 from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper, weighted_token_nll
 
 CHOICES = {
@@ -57,6 +58,8 @@ CHOICES = {
     "reward": ("orm", "judge"),
     "demos.split": ("train", "train_a", "train_b"),
     "actor.loss": ("code", "paper", "sft"),
+    "actor.normalize": WEBRL_NORMALIZE,
+    "orm.page": orm.PAGES,
     "curriculum.generator": ("variations", "openai"),
     "orm.held_out": orm.HELD_OUT,
 }
@@ -106,7 +109,7 @@ def stage_orm(config, workdir, out):
   """π_0's judged rollouts on train tasks, the demonstrations and the expert's near misses → the ORM, initialised
   from π_0; its agreement with the judge on `orm.val_fraction` of the rollouts and near misses, held out."""
   trajs, decoys, train, val = orm_episodes(config, workdir, out)
-  items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}") for i, t in enumerate(train)]
+  items = [orm.orm_sample(t, t.success == 1.0, f"orm-{i}", **orm.text_options(config)) for i, t in enumerate(train)]
   held_out = orm.train(config, workdir, out, items, val)
   tasks_lib.write_tasks(os.path.join(out, "failed.jsonl"), [t.task for t in trajs if t.success != 1.0])
   return {"rollouts": len(trajs), "rollout_success": success_rate(trajs), "near_misses": len(decoys),
@@ -181,7 +184,7 @@ def learn_phase(config, workdir: str, t: int, collector: async_collect.AsyncColl
             "orm_vs_judge": orm.agreement(probs, [x.success for x in trajs])}  # judged episodes only
 
   phase.run("labels", stage_labels)
-  rows = data.step_rows(trajs, replay.phase_rewards(config, workdir, t, trajs))
+  rows = data.step_rows(trajs, replay.phase_rewards(config, workdir, t, trajs), **data.row_options(config))
   history = replay.history(config, workdir, t)
   phase.run("critic", lambda out: critic_lib.train_phase(config, workdir, t, rows, history, out))
   collector.allow(t)  # phase t+1's curriculum reads this phase's failures and critic
@@ -201,7 +204,7 @@ def train_actor(config, workdir: str, t: int, rows: dict, history: dict, out: st
   elif config.actor.loss == "paper":
     loss = webrl_actor_loss_paper(float(config.actor.beta))
   else:
-    loss = webrl_actor_loss(bool(config.actor.add_sft_loss))
+    loss = webrl_actor_loss(bool(config.actor.add_sft_loss), config.actor.normalize)
   actor_config = stage_config(config, config.actor, seed_offset=40 + t, steps=data.actor_steps(config, len(train)))
   finetune(actor_config, out, train, agent=agent_format(config), init_from=prev, loss=loss)
   n_now = len(rows["state"])
@@ -277,6 +280,10 @@ def check_config(config) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
       raise ConfigError(f"config.{stage}.warmup.{key}={value!r}: must be a whole number >= {least}; set "
                         f"--config.{stage}.warmup.{key}={200 if key == 'prompt_chars' else 0}")
+  chunks = config.replay.chunks
+  if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+    raise ConfigError(f"config.replay.chunks={chunks!r}: must be a whole number >= 1 (the original's 8 worker "
+                      "chunks, or 1 for one success per task); set --config.replay.chunks=8")
   if isinstance(config.actor.epochs, bool) or not config.actor.epochs > 0:
     raise ConfigError(f"config.actor.epochs={config.actor.epochs!r}: must be > 0 (passes over a phase's samples at "
                       "most); set --config.actor.epochs=2")

@@ -329,25 +329,36 @@ def webrl_advantage_code(v: jax.Array, v_next: jax.Array, r: jax.Array, mc_retur
   return _sg(jnp.clip(v_next - v - c + r + mc_return, -1.0, 1.0))
 
 
+WEBRL_NORMALIZE = ("sample", "batch")
+
+
 def webrl_actor_loss_code(logp_tok: jax.Array, ref_logp_tok: jax.Array, mask: jax.Array, adv: jax.Array,
-                          add_sft_loss: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                          add_sft_loss: bool = False, normalize: str = "sample"
+                          ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """WebRL's actor loss as run (§3.8 pseudo-code; `webrl/algorithms/webrl/trainer.py:actor_loss`, l.151-215):
 
       Â = +1 if A ≥ 0 else −0.6;  lp = Σ_t m log π_θ;  lp_ref = Σ_t m log π_ref;  p_ref = exp(lp_ref / n)
       β0 = 5 if (Â ≥ 0 and p_ref ≥ 0.8) or (Â < 0 and p_ref < 0.9) else 1;  mask = 1[Â > 0]
       N = max(Σ_{masked} n, 1);  ρ = (lp − lp_ref) / N;  β = sg(min(β0, |Â / ρ|))
-      L = mean_b( (1/β) · SmoothL1_δ=1(β ρ, Â) · mask )  [+ Σ_masked −lp · exp(1 − exp(lp/n)) / N]
+      L = mean( (1/β) · SmoothL1_δ=1(β ρ, Â) · mask )  [+ Σ_masked −lp · exp(1 − exp(lp/n)) / N]
 
-  `adv` is the clamped advantage of `webrl_advantage_code`. Returns (loss, diagnostics).
+  The code runs it on a batch of one per device (`batch_size: 1`, `scripts/config/main/webrl.yaml`; DDP and
+  gradient accumulation average the per-sample losses), so N is each sample's own token count (1 for a
+  masked-out one, whose loss is 0) and L the mean over the batch of each sample's: `normalize="sample"`, the
+  default. `normalize="batch"` takes N over the whole batch's kept samples, the formula read at a batch size the
+  original never ran (a smaller ρ, so another β and smaller gradients). `adv` is the clamped advantage of
+  `webrl_advantage_code`. Returns (loss, diagnostics).
   """
-  return webrl_actor_loss_code_seq(logp_tok, mask, _masked_sum(ref_logp_tok, mask), adv, add_sft_loss)
+  return webrl_actor_loss_code_seq(logp_tok, mask, _masked_sum(ref_logp_tok, mask), adv, add_sft_loss, normalize)
 
 
 def webrl_actor_loss_code_seq(logp_tok: jax.Array, mask: jax.Array, ref_logp: jax.Array, adv: jax.Array,
-                              add_sft_loss: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                              add_sft_loss: bool = False, normalize: str = "sample"
+                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """`webrl_actor_loss_code` with the reference policy's summed log-probability `ref_logp` [B] = Σ_t m log π_ref
   given per sample (the only form of π_ref the loss reads), so a trainer can score the reference once, before
   training, instead of running it beside the actor."""
+  _check_choice("normalize", normalize, WEBRL_NORMALIZE)
   mask = jnp.asarray(mask, jnp.float32)
   adv_hat = jnp.where(_sg(adv) >= 0, 1.0, -0.6)
   n_tok = jnp.sum(mask, axis=-1)
@@ -356,15 +367,15 @@ def webrl_actor_loss_code_seq(logp_tok: jax.Array, mask: jax.Array, ref_logp: ja
   p_ref = jnp.exp(lp_ref / n_tok)
   beta0 = jnp.where(((adv_hat >= 0) & (p_ref >= 0.8)) | ((adv_hat < 0) & (p_ref < 0.9)), 5.0, 1.0)
   sample_mask = (adv_hat > 0).astype(jnp.float32)
-  count = jnp.sum(n_tok * sample_mask)
+  count = n_tok * sample_mask if normalize == "sample" else jnp.sum(n_tok * sample_mask)
   safe_count = jnp.where(count > 0, count, 1.0)
   rho = (lp - lp_ref) / safe_count
   beta = _sg(jnp.minimum(beta0, jnp.abs(adv_hat / rho)))
   per_sample = optax.huber_loss(beta * rho, adv_hat, delta=1.0)  # torch.nn.SmoothL1Loss (beta=1)
   loss = jnp.mean(per_sample / beta * sample_mask)
   if add_sft_loss:
-    coef = jnp.exp(1.0 - jnp.exp(_sg(lp) / n_tok))
-    loss = loss + jnp.sum(-lp * coef * sample_mask) / safe_count
+    sft = -lp * jnp.exp(1.0 - jnp.exp(_sg(lp) / n_tok)) * sample_mask / safe_count
+    loss = loss + (jnp.mean(sft) if normalize == "sample" else jnp.sum(sft))
   aux = {"advantage_hat": adv_hat, "beta": beta, "log_ratio": rho, "ref_prob": p_ref, "mask": sample_mask}
   return loss, aux
 

@@ -91,14 +91,16 @@ def sequence_nll(clamp_prob: tuple[float, float] | None = None):
   return loss_fn
 
 
-def webrl_actor_loss(add_sft_loss: bool = False):
+def webrl_actor_loss(add_sft_loss: bool = False, normalize: str = "sample"):
   """WebRL's KL-constrained actor loss as the code runs it (`rl.losses.webrl_actor_loss_code`, §3.8;
   `webrl/algorithms/webrl/trainer.py:actor_loss`) on batches whose samples carry their clamped `advantage` and
-  the reference policy's summed log-probability of the action `ref_logp` (scored before training)."""
+  the reference policy's summed log-probability of the action `ref_logp` (scored before training); `normalize`:
+  the log-ratio over each sample's tokens (the code's batch of one) or the batch's kept tokens."""
   def loss_fn(model, batch: dict, rng=None):
     del rng
     logits, tok, mask = _target_logprobs(model, batch)
-    loss, aux = webrl_actor_loss_code_seq(tok, mask, batch["ref_logp"], batch["advantage"], add_sft_loss)
+    loss, aux = webrl_actor_loss_code_seq(tok, mask, batch["ref_logp"], batch["advantage"], add_sft_loss,
+                                          normalize)
     count = mask.sum()
     return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count),
                   "trained_fraction": jnp.mean(aux["mask"]), "mean_beta": jnp.mean(aux["beta"]),

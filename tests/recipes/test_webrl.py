@@ -136,7 +136,8 @@ def test_with_lag_the_next_phase_collects_while_the_actor_trains(pipeline, tmp_p
 
 
 @pytest.mark.parametrize("key,value", [("actor.loss", "ppo"), ("html", "raw"), ("reward", "gpt4"),
-                                       ("model.kind", "vlm"), ("curriculum.generator", "gpt4o")])
+                                       ("model.kind", "vlm"), ("curriculum.generator", "gpt4o"),
+                                       ("actor.normalize", "token"), ("orm.page", "cut")])
 def test_bad_choices_are_refused_naming_the_allowed_values(key, value):
   config = webrl_config.get_config()
   validate(config, webrl.CHOICES, {})
@@ -190,6 +191,21 @@ def test_a_bad_warmup_value_is_refused_naming_the_key(stage, key, value):
   config[stage].warmup[key] = value
   with pytest.raises(ConfigError, match=rf"config\.{stage}\.warmup\.{key}="):
     webrl.check_config(config)
+
+
+@pytest.mark.parametrize("value", [0, -1, True])
+def test_a_bad_replay_chunks_is_refused_naming_the_key(value):
+  config = webrl_config.get_config()
+  webrl.check_config(config)
+  config.replay.chunks = value
+  with pytest.raises(ConfigError, match=rf"config\.replay\.chunks={value!r}: must be a whole number >= 1"):
+    webrl.check_config(config)
+
+
+def test_the_defaults_are_the_originals():
+  """The actor's log-ratio per sample, the replay's 8 chunks, the ORM's whole final page (docs/results/webrl.md)."""
+  config = webrl_config.get_config()
+  assert (config.actor.normalize, config.replay.chunks, config.orm.page) == ("sample", 8, "full")
 
 
 def test_a_non_positive_actor_epochs_is_refused():

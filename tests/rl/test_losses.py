@@ -267,17 +267,61 @@ def _np_webrl_actor_loss(log_prob_tok, ref_log_prob_tok, mask, advantage, add_sf
   return loss
 
 
-@pytest.mark.parametrize("seed,add_sft", [(0, False), (1, False), (2, True), (3, False)])
-def test_webrl_actor_loss_code_matches_numpy_transcription(seed, add_sft):
+def _webrl_case(seed):
   rng = np.random.default_rng(seed)
   b, t = 7, 6
   mask = (np.arange(t)[None] < rng.integers(1, t + 1, size=(b, 1))).astype(np.float64)
   lp = np.log(rng.uniform(0.3, 1.0, size=(b, t)))
   ref = np.log(rng.uniform(0.5, 1.0, size=(b, t)))
-  adv = rng.uniform(-1, 1, size=b)
-  ours, aux = L.webrl_actor_loss_code(jnp.asarray(lp), jnp.asarray(ref), mask, jnp.asarray(adv), add_sft)
+  return lp, ref, mask, rng.uniform(-1, 1, size=b)
+
+
+@pytest.mark.parametrize("seed,add_sft", [(0, False), (1, False), (2, True), (3, False)])
+def test_webrl_actor_loss_code_batch_normalised_matches_numpy_transcription_of_a_batch(seed, add_sft):
+  lp, ref, mask, adv = _webrl_case(seed)
+  ours, aux = L.webrl_actor_loss_code(jnp.asarray(lp), jnp.asarray(ref), mask, jnp.asarray(adv), add_sft, "batch")
   np.testing.assert_allclose(ours, _np_webrl_actor_loss(lp, ref, mask, adv, add_sft), rtol=2e-5)
   np.testing.assert_array_equal(aux["mask"], adv >= 0)
+
+
+@pytest.mark.parametrize("seed,add_sft", [(0, False), (1, False), (2, True), (3, True)])
+def test_webrl_actor_loss_code_is_the_mean_of_the_codes_batches_of_one(seed, add_sft):
+  """The original trains at `batch_size: 1` per device, DDP and gradient accumulation averaging: each sample's
+  log-ratio over its own tokens. The default loss on a batch is the mean of the transcription on each sample."""
+  lp, ref, mask, adv = _webrl_case(seed)
+  ours, aux = L.webrl_actor_loss_code(jnp.asarray(lp), jnp.asarray(ref), mask, jnp.asarray(adv), add_sft)
+  per_device = [_np_webrl_actor_loss(lp[i:i + 1], ref[i:i + 1], mask[i:i + 1], adv[i:i + 1], add_sft)
+                for i in range(len(adv))]
+  np.testing.assert_allclose(ours, np.mean(per_device), rtol=2e-5)
+  n = mask.sum(1)
+  kept = adv >= 0
+  ratio = ((lp - ref) * mask).sum(1)
+  np.testing.assert_allclose(aux["log_ratio"], np.where(kept, ratio / n, ratio), rtol=1e-5)  # 1 when masked out
+
+
+def test_webrl_actor_loss_code_per_sample_and_per_batch_by_hand():
+  """A: 2 tokens, lp −1, lp_ref −2 (p_ref e^−1 < 0.8: β0 1); B: 4 tokens, lp −0.2, lp_ref −0.6 (p_ref e^−0.15 ≥ 0.8:
+  β0 5); both A ≥ 0, so Â = 1. Per sample: ρ = 1/2 and 0.1, β = min(1, 2) = 1 and min(5, 10) = 5, SmoothL1 of
+  −0.5 twice: (0.125 / 1 + 0.125 / 5) / 2 = 0.075. Per batch (N = 6): ρ = 1/6 and 1/15, β = 1 and 5, SmoothL1 of
+  −5/6 and −2/3: (25/72 + (2/9) / 5) / 2 = 0.1958."""
+  lp = jnp.array([[-0.5, -0.5, 0.0, 0.0], [-0.05, -0.05, -0.05, -0.05]])
+  ref = jnp.array([-2.0, -0.6])
+  mask = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+  adv = jnp.array([0.3, 1.0])
+  loss, aux = L.webrl_actor_loss_code_seq(lp, mask, ref, adv)
+  np.testing.assert_allclose(loss, 0.075, rtol=1e-6)
+  np.testing.assert_allclose(aux["log_ratio"], [0.5, 0.1], rtol=1e-6)
+  np.testing.assert_allclose(aux["beta"], [1.0, 5.0])
+  loss, aux = L.webrl_actor_loss_code_seq(lp, mask, ref, adv, normalize="batch")
+  np.testing.assert_allclose(loss, (25 / 72 + 2 / 45) / 2, rtol=1e-6)
+  np.testing.assert_allclose(aux["log_ratio"], [1 / 6, 0.4 / 6], rtol=1e-6)
+  # the per-token gradient of A: SmoothL1'(−0.5) · dρ/dlp / B = −0.5 · (1/2) / 2 per sample, · (1/6) per batch
+  g = jax.grad(lambda x: L.webrl_actor_loss_code_seq(x, mask, ref, adv)[0])(lp)
+  np.testing.assert_allclose(g[0, :2], [-0.125, -0.125], rtol=1e-5)
+  g = jax.grad(lambda x: L.webrl_actor_loss_code_seq(x, mask, ref, adv, normalize="batch")[0])(lp)
+  np.testing.assert_allclose(g[0, :2], [-5 / 72, -5 / 72], rtol=1e-5)  # −(5/6) · (1/6) / 2
+  with pytest.raises(ValueError, match="normalize='token'"):
+    L.webrl_actor_loss_code_seq(lp, mask, ref, adv, normalize="token")
 
 
 def test_webrl_actor_loss_code_gradient_only_from_positive_samples():

@@ -55,3 +55,15 @@ def test_paper_loss_is_the_squared_regression_of_sequence_log_ratios():
   expected = np.mean((0.5 * (lp - b["ref_logp"]) - b["advantage"]) ** 2)
   loss, _ = webrl_actor_loss_paper(0.5)(model, b)
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+
+
+def test_code_loss_normalises_per_sample_by_default_and_per_batch_on_request():
+  b = _batch()
+  tok = jnp.asarray(_token_logp(b))
+  sample, _ = webrl_actor_loss()(model, b)
+  batch, _ = webrl_actor_loss(normalize="batch")(model, b)
+  np.testing.assert_allclose(float(sample), float(rl_losses.webrl_actor_loss_code_seq(
+      tok, MASK, b["ref_logp"], b["advantage"], normalize="sample")[0]), rtol=1e-6)
+  np.testing.assert_allclose(float(batch), float(rl_losses.webrl_actor_loss_code_seq(
+      tok, MASK, b["ref_logp"], b["advantage"], normalize="batch")[0]), rtol=1e-6)
+  assert abs(float(sample) - float(batch)) > 1e-4

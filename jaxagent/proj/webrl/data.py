@@ -1,8 +1,10 @@
 """WebRL's training rows from stored trajectories (`scripts/process_data.py:build_policy_data`, §3.5).
 
 A step's state is its prompt (`obs_text`: the WebRL prompt it was acting on), its action the raw reply, its next
-state the next step's prompt (the last step's is its own); its reward the trajectory's score repeated on every
-step, and its Monte Carlo return `add_mc_return`'s Σ_k γ^(k−t) r with γ = 0.9, so G_t > 0 iff the trajectory
+state the next step's prompt; the last step's is a new round with its reply in the history over the page it saw
+(`build_policy_data` passes the last trace line as its own next observation and `template` formats it at index
++ 1), so V(s') − V(s) is the critic's verdict on the last reply. Its reward is the trajectory's score repeated on
+every step, and its Monte Carlo return `add_mc_return`'s Σ_k γ^(k−t) r with γ = 0.9, so G_t > 0 iff the trajectory
 succeeded. The episodes are read from the run's stores (the demonstrations, each phase's rollouts); `actor_steps`
 sizes the actor's training on the samples.
 """
@@ -16,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxagent import types
-from jaxagent.agents.webrl import current_html
+from jaxagent.agents.webrl import MAX_PROMPT_CHARS, compact_html, current_html, webrl_prompt
 from jaxagent.data.conversation import step_samples, text_sample as sample  # noqa: F401  (WebRL's names)
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import rollout
@@ -49,16 +51,35 @@ def judged(trajs: Sequence[types.Trajectory]) -> list[types.Trajectory]:
   return [x for x in trajs if x.success is not None]
 
 
-def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma: float = GAMMA) -> dict:
-  """One row per step: `state` and `next_state` prompts, `action`, `reward`, `mc_return`, `task` (the intent)
-  and `index` (trajectory, step)."""
+def final_state(traj: types.Trajectory, compact: bool = False, max_chars: int = MAX_PROMPT_CHARS) -> str:
+  """The state after an episode's last step, as `build_policy_data` builds it: round T with every reply in the
+  history, over the last step's page (its stored observation's HTML, through `compact_html` with `compact`, cut
+  as the prompts are at `max_chars`; without one, the page its prompt carries)."""
+  last = traj.steps[-1]
+  obs = last.observation
+  if obs is not None and obs.html:
+    html = compact_html(obs.html) if compact else obs.html
+  else:
+    html = current_html(last.obs_text)
+  return webrl_prompt(traj.task.intent, [s.action_text for s in traj.steps], html, max_chars)
+
+
+def row_options(config) -> dict:
+  """`step_rows`' prompt options, those the actors' prompts were built with (`html`, `prompt_chars`)."""
+  return {"compact": config.html == "compact", "max_chars": int(config.prompt_chars)}
+
+
+def step_rows(trajs: Sequence[types.Trajectory], rewards: Sequence[float], gamma: float = GAMMA,
+              compact: bool = False, max_chars: int = MAX_PROMPT_CHARS) -> dict:
+  """One row per step: `state` and `next_state` prompts (the last step's `final_state`, built with `compact` and
+  `max_chars`), `action`, `reward`, `mc_return`, `task` (the intent) and `index` (trajectory, step)."""
   rows = {k: [] for k in ("state", "next_state", "action", "reward", "mc_return", "task", "index")}
   for i, (traj, r) in enumerate(zip(trajs, rewards)):
     steps = traj.steps
     g = mc_returns(len(steps), float(r), gamma)
     for k, step in enumerate(steps):
       rows["state"].append(step.obs_text)
-      rows["next_state"].append(steps[k + 1].obs_text if k + 1 < len(steps) else step.obs_text)
+      rows["next_state"].append(steps[k + 1].obs_text if k + 1 < len(steps) else final_state(traj, compact, max_chars))
       rows["action"].append(step.action_text)
       rows["reward"].append(float(r))
       rows["mc_return"].append(float(g[k]))

@@ -1,10 +1,12 @@
 """WebRL's replay buffer with the actor-confidence filter (§3.9; `scripts/process_data.py:replay_data`).
 
-Past phases' successful trajectories (the SFT demonstrations first), one per task (the first seen), give their
-steps; a step is replayed when the current actor's geometric-mean token probability of its action
-(`rl.losses.webrl_rank_score`, 1/perplexity) lies in (0.5, 0.95]; the kept steps are shuffled and cut at twice
-the current phase's step count, then join every current-phase step. An episode's reward is the ORM's label
-(or, with `reward=judge`, the judge's verdict); a demonstration's is the judge's.
+Past phases' successful trajectories (the SFT demonstrations first) give their steps, the first success of each
+task within each of `replay.chunks` strided chunks of them (the original dedups inside each of its 8 GPU workers'
+chunks `file_contents[i::8]`, so a task gives up to 8); a step is replayed when the current actor's
+geometric-mean token probability of its action (`rl.losses.webrl_rank_score`, 1/perplexity) lies in (0.5, 0.95];
+the kept steps are shuffled and cut at twice the current phase's step count, then join every current-phase step.
+An episode's reward is the ORM's label (or, with `reward=judge`, the judge's verdict); a demonstration's is the
+judge's.
 """
 
 from __future__ import annotations
@@ -25,15 +27,22 @@ from jaxagent.serving.checkpoint import load_policy
 
 RANK_BAND = (0.5, 0.95)
 CAP = 2  # kept replay steps ≤ CAP × current phase steps
+CHUNKS = 8  # replay_data's num_processes: its worker chunks
 
 
-def first_per_task(tasks: Sequence[str], success: Sequence[bool]) -> list[int]:
-  """Indices of the successful trajectories kept: the first one of each task (intent), in order."""
-  seen, out = set(), []
-  for i, (task, ok) in enumerate(zip(tasks, success)):
-    if ok and task not in seen:
-      seen.add(task)
-      out.append(i)
+def first_per_task(tasks: Sequence[str], success: Sequence[bool], chunks: int = CHUNKS) -> list[int]:
+  """Indices of the successful trajectories kept: in each strided chunk `i::chunks` (`replay_data`'s
+  `file_contents[i::num_processes]`), the first one of each task (intent); chunk 0's first, as the original
+  concatenates its workers' outputs. `chunks=1`: the first success of each task overall."""
+  if chunks < 1:
+    raise ValueError(f"config.replay.chunks={chunks!r}: must be >= 1")
+  out = []
+  for c in range(chunks):
+    seen = set()
+    for i in range(c, len(tasks), chunks):
+      if success[i] and tasks[i] not in seen:
+        seen.add(tasks[i])
+        out.append(i)
   return out
 
 
@@ -66,15 +75,15 @@ def phase_rewards(config, workdir: str, t: int, trajs: Sequence[types.Trajectory
 
 def history(config, workdir: str, t: int) -> dict:
   """The replay candidates: every earlier phase's (and the demonstrations') steps of successful episodes, the
-  first successful episode of each task only (`replay_data`), as step rows."""
+  first successful episode of each task in each of `replay.chunks` chunks (`replay_data`), as step rows."""
   trajs = [x for x in data.demos(workdir) if data.usable(x)]
   reward = [float(x.success == 1.0) for x in trajs]
   for k in range(1, t):
     past = data.phase_episodes(workdir, k)
     trajs += past
     reward += phase_rewards(config, workdir, k, past)
-  keep = first_per_task([x.task.intent for x in trajs], [r >= 0.5 for r in reward])
-  return data.step_rows([trajs[i] for i in keep], [reward[i] for i in keep])
+  keep = first_per_task([x.task.intent for x in trajs], [r >= 0.5 for r in reward], int(config.replay.chunks))
+  return data.step_rows([trajs[i] for i in keep], [reward[i] for i in keep], **data.row_options(config))
 
 
 def actor_samples(config, rows: dict, history_rows: dict, reference: str, seed: int

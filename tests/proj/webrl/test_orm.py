@@ -205,3 +205,107 @@ def test_split_by_episode_draws_each_episode_and_keeps_every_demonstration():
 def test_split_refuses_an_unknown_mode_naming_the_key():
   with pytest.raises(ValueError, match="orm.held_out"):
     orm.split_held_out([], [], 0.25, seed=0, by="intent")
+
+
+# ------------------------------------------------------------------------------ the final page (`rm_format`)
+
+
+def _rm_format(content):
+  """THUDM/WebRL scripts/process_data.py:build_rm_data.rm_format, transcribed."""
+  task = content[0]["target"]
+  last_html = content[-1]["html"]
+  instruction = "The User Intent:\n" + task.strip() + "\n\n" + "Action History:\n"
+  for item in content:
+    response = item["fixed_response"]
+    instruction += "; ".join(response.split("\n")).strip() + "\n"
+  return instruction + "\n" + "The Current Screenshot:\n" + last_html.strip()
+
+
+LONG = ['<html><a id="1">Home</a></html>', '<html>' + "".join(f'<a id="{k}">item {k}</a>' for k in range(60)) +
+        '<button id="7" data-bbox="1,2,3,4">Add to cart</button></html>']
+
+
+def _observed(htmls=LONG, replies=REPLIES[1:], compact=False, max_chars=400):
+  """An episode as the collector stores it: each step's prompt cut at `max_chars`, its observation kept."""
+  agent = fmt.WebRL(compact=compact, max_prompt_chars=max_chars)
+  task = types.Task(id="t0", intent=INTENT, site="shop", start_url="http://127.0.0.1/")
+  steps = []
+  for k, (html, reply) in enumerate(zip(htmls, replies)):
+    obs = types.Observation(html=html)
+    steps.append(types.Step(step=k, obs_text=agent.build_prompt(task, obs, steps), action_text=reply, observation=obs))
+  return types.Trajectory(task, steps)
+
+
+def test_the_orm_reads_the_whole_last_page_as_rm_format_not_the_prompts_cut():
+  traj = _observed()
+  trace = [{"target": INTENT, "html": s.observation.html, "fixed_response": s.action_text} for s in traj.steps]
+  assert orm.orm_text(traj) == fmt.ORM_SYSTEM_PROMPT + "\n\n" + _rm_format(trace)
+  assert orm.orm_text(traj).endswith("Add to cart</button></html>")
+  cut = fmt.current_html(traj.steps[-1].obs_text)
+  assert len(cut) < len(LONG[1]) and orm.orm_text(traj, page="prompt").endswith("The Current Screenshot:\n" + cut)
+  compact = _observed(compact=True)  # the page as the prompts read it: through compact_html
+  assert orm.orm_text(compact, compact=True).endswith(fmt.compact_html(LONG[1]))
+  assert "data-bbox" not in orm.orm_text(compact, compact=True)
+  with pytest.raises(ValueError, match="config.orm.page='cut'"):
+    orm.orm_text(traj, page="cut")
+
+
+def test_the_runs_text_options_are_its_orm_page_and_html():
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  assert orm.text_options(config) == {"page": "full", "compact": True}
+  config.html, config.orm.page = "full", "prompt"
+  assert orm.text_options(config) == {"page": "prompt", "compact": False}
+
+
+def _length(item, tokenizer):
+  return len(conversation.tokenize(item, tokenizer, 1)[0]) - 1
+
+
+def test_fit_keeps_the_first_tokens_cutting_the_pages_end(tokenizer):
+  item = orm.orm_sample(_observed(), True)
+  text = item["conversations"][0]["value"]
+  n = _length(item, tokenizer)
+  assert orm.fit(item, tokenizer, n) is item  # fits: untouched
+  fitted = orm.fit(item, tokenizer, n - 40)
+  new = fitted["conversations"][0]["value"]
+  assert _length(fitted, tokenizer) <= n - 40
+  assert text.startswith(new) and "The Current Screenshot:\n<html>" in new  # the head kept, the page's end gone
+  page = len(new) - text.rindex("The Current Screenshot:\n") - len("The Current Screenshot:\n")
+  one_more = {**item, "conversations": [{**item["conversations"][0], "value": text[:len(new) + 1]},
+                                        item["conversations"][1]]}
+  assert page > 0 and _length(one_more, tokenizer) > n - 40  # the longest page prefix that fits
+  assert fitted["conversations"][1] == {"from": "gpt", "value": "YES"}  # the answer is still asked and given
+
+
+def test_probabilities_score_the_fitted_full_page_texts(loaded, monkeypatch):
+  seen = {}
+
+  def score(model, items, **kwargs):
+    seen.update(items=items, **kwargs)
+    return {"logits": np.zeros((len(items), 2), np.float32)}
+
+  monkeypatch.setattr(orm.scoring, "score", score)
+  traj = _observed()
+  n = _length(orm.orm_sample(traj, True), loaded.tokenizer)
+  p = orm.probabilities(loaded, [traj, _traj()], max_len=n - 30)
+  np.testing.assert_allclose(p, [0.5, 0.5])
+  first, second = (it["conversations"][0]["value"] for it in seen["items"])
+  assert seen["max_len"] == n - 30 and _length(seen["items"][0], loaded.tokenizer) <= n - 30
+  assert orm.orm_text(traj).startswith(first) and len(first) > len(orm.orm_text(traj, page="prompt"))
+  assert second == orm.orm_text(_traj())  # short: as it is
+
+
+def test_the_orm_trains_on_samples_fit_to_its_length_with_pi0s_tokenizer(tokenizer, monkeypatch, tmp_path):
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  tokenizer.save_pretrained(str(tmp_path / "sft" / "tokenizer"))
+  item = orm.orm_sample(_observed(), False)
+  config.data.seq_len = _length(item, tokenizer) - 25
+  trained = {}
+  monkeypatch.setattr(orm, "finetune", lambda cfg, out, items, **kw: trained.update(items=items))
+  monkeypatch.setattr(orm, "score", lambda *args: np.zeros(0, np.float32))
+  orm.train(config, str(tmp_path), str(tmp_path / "orm"), [item], [])
+  (fitted,) = trained["items"]
+  assert _length(fitted, tokenizer) <= config.data.seq_len
+  assert item["conversations"][0]["value"].startswith(fitted["conversations"][0]["value"])

@@ -1,17 +1,65 @@
 """WebRL's replay buffer filter (`proj/webrl/replay.py`)."""
 
 import numpy as np
+import pytest
 
+from jaxagent import types
 from jaxagent.proj.webrl import replay
 from jaxagent.rl import losses
 
 
-def test_first_per_task_keeps_the_first_success_of_each_task():
+def test_first_per_task_with_one_chunk_keeps_the_first_success_of_each_task():
   tasks = ["a", "b", "a", "c", "b", "d", "c"]
   success = [False, True, True, True, True, False, True]
-  assert replay.first_per_task(tasks, success) == [1, 2, 3]
-  assert replay.first_per_task([], []) == []
-  assert replay.first_per_task(["a", "a"], [False, False]) == []
+  assert replay.first_per_task(tasks, success, chunks=1) == [1, 2, 3]
+  assert replay.first_per_task([], [], chunks=1) == []
+  assert replay.first_per_task(["a", "a"], [False, False], chunks=1) == []
+
+
+def _process_data_chunks(trajs, num_processes=8):
+  """THUDM/WebRL scripts/process_data.py: `replay_data`'s `file_contents[i::num_processes]` and each
+  `process_data_chunk`'s `success_tasks` dedup, transcribed; the kept trajectories in the order it gathers them."""
+  kept = []
+  for chunk in [trajs[i::num_processes] for i in range(num_processes)]:
+    success_tasks = {}
+    for traj in chunk:
+      if traj["trajectory_reward"] >= 0.5:
+        if traj["task"] in success_tasks:
+          continue
+        kept.append(traj["id"])
+        success_tasks[traj["task"]] = True
+  return kept
+
+
+def test_first_per_task_keeps_the_first_success_of_each_task_in_each_of_the_originals_8_chunks():
+  assert replay.CHUNKS == 8
+  assert replay.first_per_task(["a"] * 10, [True] * 10) == list(range(8))  # 8 and 9 share chunks 0 and 1
+  assert replay.first_per_task(["a", "b", "a", "a"], [False, True, True, True], chunks=2) == [2, 1, 3]
+  rng = np.random.default_rng(0)
+  tasks = [str(t) for t in rng.integers(0, 5, 60)]
+  success = (rng.random(60) < 0.6).tolist()
+  trajs = [{"id": i, "task": t, "trajectory_reward": float(ok)} for i, (t, ok) in enumerate(zip(tasks, success))]
+  kept = replay.first_per_task(tasks, success)
+  assert kept == _process_data_chunks(trajs)
+  one_each = replay.first_per_task(tasks, success, chunks=1)
+  assert len(one_each) == len({t for t, ok in zip(tasks, success) if ok}) < len(kept)
+  with pytest.raises(ValueError, match=r"config\.replay\.chunks=0"):
+    replay.first_per_task(tasks, success, chunks=0)
+
+
+def _demo(k):
+  task = types.Task(id=f"d{k}", intent="Open apparel", site="shop", start_url="u")
+  return types.Trajectory(task, [types.Step(step=0, obs_text=f"prompt {k}", action_text="exit()")], success=1.0)
+
+
+@pytest.mark.parametrize("chunks,kept", [(8, 8), (1, 1), (3, 3)])
+def test_history_keeps_a_tasks_successes_per_chunk_of_the_config(monkeypatch, chunks, kept):
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  config.replay.chunks = chunks
+  monkeypatch.setattr(replay.data, "demos", lambda workdir: [_demo(k) for k in range(10)])
+  rows = replay.history(config, "unused", 1)
+  assert rows["state"] == [f"prompt {k}" for k in range(kept)]
 
 
 def test_rank_scores_match_webrl_rank_score_of_the_per_token_form():
