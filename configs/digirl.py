@@ -26,8 +26,8 @@ Keys a researcher changes first:
              train_a / train_b / train_c, the held-out headline as `test`, the negative control as `control`;
              `tasks.templates` then names benchmark families ("" = all), `tasks.level` the perturbation level
              (default 2, the headline's), and each family keeps its own step cap instead of `tasks.max_steps`).
-             Which stage reads which split is the recipe's own: today every stage that read `train` reads all
-             three parts.
+             `demos.split`, `offline.split` and `online.split` choose each stage's tasks (default `train`; the
+             benchmark's roles: train_a, train_b, train_c)
 
 Variants (`configs/digirl.py:<name>`):
   smoke  a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_digirl.py`).
@@ -73,11 +73,13 @@ def get_config(arg=None):
   c.gamma = 0.5  # MC return discount (the code's `gamma`)
   c.capacity = 2000  # transitions in each replay buffer (the code's `capacity`); 0 = unbounded
 
-  c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train"))  # split: train | train_a | train_b
+  # split: the tasks each stage draws from, train | train_a | train_b | train_c (the benchmark's parts,
+  # tasks.suite=bench: demonstrations from train_a, offline data from train_b, online rounds from train_c)
+  c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train"))
   c.il = config_lib.stage(steps=500, batch_size=8, lr=3e-3)
 
   # The IL actor's rollouts on the train tasks at the code's sampling temperature.
-  c.offline = ml_collections.ConfigDict(dict(episodes=96, temperature=1.0))
+  c.offline = ml_collections.ConfigDict(dict(episodes=96, temperature=1.0, split="train"))
 
   c.features = ml_collections.ConfigDict(dict(text_dim=512, batch=32))  # bag-of-words buckets; image batch
   # Instruction-level critic (the code: 20 × 5 Adam steps of 256 trajectories, lr 1e-4, clip 0.01).
@@ -101,7 +103,7 @@ def get_config(arg=None):
   # the critics and the actor continue training (the code: 16 episodes; 5, 5 and 20 steps). `max_lag` > 0 collects
   # each iteration with the actor that many updates back, while the newer ones train (pipeline/async_collect.py;
   # 0 = the code's alternation).
-  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, max_lag=0))
+  c.online = ml_collections.ConfigDict(dict(iterations=2, episodes=32, temperature=1.0, max_lag=0, split="train"))
   c.online.traj_critic = config_lib.stage(steps=50, batch_size=32, lr=1e-3, clip_norm=1.0, warmup_steps=0,
                                           end_lr_ratio=1.0)
   c.online.critic = config_lib.stage(steps=100, batch_size=64, lr=1e-3, clip_norm=1.0, warmup_steps=0,

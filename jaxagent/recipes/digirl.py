@@ -45,13 +45,18 @@ from jaxagent.proj.digirl.data import Data, load_store
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
 
+# Where each stage draws its tasks: `tasks.suite=bench` writes all four (the benchmark's train_a / b / c and their
+# union), the sites' suites the first three.
+TRAIN_SPLITS = ("train", "train_a", "train_b", "train_c")
 STAGES = ("tasks", "il", "offline_data", "critics", "filtered_bc", "digirl_offline", "online", "eval")
 CHOICES = {
     "env.browser": ("chromium",),
     "model.kind": ("vlm", "autoui"),
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),
-    "demos.split": ("train", "train_a", "train_b"),
+    "demos.split": TRAIN_SPLITS,
+    "offline.split": TRAIN_SPLITS,
+    "online.split": TRAIN_SPLITS,
     "parse": ("faithful", "lenient"),
     "judge.kind": ("programmatic", "llm"),
     "actor.loss": ("digirl", "token_nll"),
@@ -83,6 +88,11 @@ def check_config(config) -> None:
   if isinstance(config.capacity, bool) or not isinstance(config.capacity, int) or config.capacity < 0:
     raise ConfigError(f"config.capacity={config.capacity!r}: must be a whole number >= 0 (the replay buffers' "
                       "transitions; 0 = unbounded); set --config.capacity=2000 (the code's)")
+  for key in ("demos.split", "offline.split", "online.split"):
+    block, name = key.split(".")
+    if config[block][name] == "train_c" and config.tasks.get("suite", "sites") != "bench":
+      raise ConfigError(f"config.{key}='train_c' is a part of the benchmark only (tasks.suite=bench); the sites' "
+                        f"suites have train, train_a and train_b: set --config.{key}=train")
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -94,7 +104,8 @@ def stage_offline_data(config, workdir, out):
     if not trajs:
       raise ValueError(f"config.data.path={config.data.path!r} holds no trajectories")
     return {"source": config.data.path, "episodes": len(trajs), "success": success_rate(trajs)}
-  tasks = draw_episodes(suite(workdir, "train"), int(config.offline.episodes), int(config.seed) + 1, "off")
+  tasks = draw_episodes(suite(workdir, config.offline.split), int(config.offline.episodes), int(config.seed) + 1,
+                        "off")
   trajs = _rollout(config, os.path.join(workdir, "il"), float(config.offline.temperature), tasks,
                    os.path.join(out, "store"), "il_actor@offline", int(config.seed))
   return {"episodes": len(trajs), "success": success_rate(trajs), "steps": sum(len(t.steps) for t in trajs),
@@ -231,8 +242,8 @@ def round_data(config, workdir: str, round_dir: str) -> tuple:
 
 
 def online_episodes(config, workdir, iteration: int) -> list[types.Task]:
-  """Iteration `iteration`'s rollouts: a seeded draw of train tasks (the code samples tasks at random)."""
-  return draw_episodes(suite(workdir, "train"), int(config.online.episodes),
+  """Iteration `iteration`'s rollouts: a seeded draw of `online.split` tasks (the code samples tasks at random)."""
+  return draw_episodes(suite(workdir, config.online.split), int(config.online.episodes),
                        int(config.seed) + 100 + iteration, f"on{iteration}.")
 
 

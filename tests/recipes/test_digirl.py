@@ -202,6 +202,26 @@ def test_a_bad_capacity_is_refused_naming_the_key(value):
     digirl.check_config(config)
 
 
+def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
+  """On the benchmark, demonstrations, offline data and online rounds come from train_a, train_b and train_c."""
+  config = _config()
+  config.tasks.update(suite="bench", templates="cart", level=0)
+  config.demos.split, config.offline.split, config.online.split = "train_a", "train_b", "train_c"
+  validate(config, digirl.CHOICES, {})
+  digirl.check_config(config)
+  device.stage_tasks(config, str(tmp_path / "tasks"))
+  part = lambda tasks: {t.split for t in tasks}
+  assert part(device.demo_tasks(config, str(tmp_path))) == {"train_a"}
+  assert part(digirl.online_episodes(config, str(tmp_path), 0)) == {"train_c"}
+  drawn = []
+  monkeypatch.setattr(digirl, "_rollout", lambda config, actor, temperature, tasks, *a: drawn.extend(tasks) or [])
+  digirl.stage_offline_data(config, str(tmp_path), str(tmp_path / "offline_data"))
+  assert part(drawn) == {"train_b"} and len(drawn) == config.offline.episodes
+  config.tasks.suite = "sites"
+  with pytest.raises(ConfigError, match=r"config\.online\.split='train_c' is a part of the benchmark only"):
+    digirl.check_config(config)
+
+
 def test_filtered_bc_config_is_digirl_with_the_baseline_algorithm():
   fbc, base = filtered_bc_config.get_config("smoke"), _config()
   assert fbc.algorithm == "filtered_bc" and base.algorithm == "digirl"
