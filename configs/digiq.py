@@ -62,12 +62,13 @@ def get_config(arg=None):
   # | lenient (such a reply is a no-op and the episode goes on; docs/results/digiq.md#parse).
   c.parse = "faithful"
 
-  # Scripted-expert demonstrations (split: train | train_a | train_b); the test pairs are in no split a run trains on.
+  # Scripted-expert demonstrations (split: train | train_a | train_b | train_c, the last the benchmark's alone); the
+  # test pairs are in no split a run trains on.
   c.demos = ml_collections.ConfigDict(dict(episodes=40, split="train"))
   # Short on purpose: sampled at T 1 the IL actor should both succeed and fail, as AutoUI's zero-shot data do.
   c.il = config_lib.stage(steps=500, batch_size=8, lr=3e-3)
 
-  # Behaviour episodes come from these splits (train | train_a | train_b | test). "test" alone draws the
+  # Behaviour episodes come from these splits (train | train_a | train_b | train_c | test). "test" alone draws the
   # evaluation's own episodes (the earlier default, measured on its training episodes: docs/results/digiq.md).
   c.behaviour = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0, splits="train_b"))
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=160, max_batch=32))  # a TYPE action: ~130 tokens

@@ -40,8 +40,8 @@ Keys a researcher changes first:
                     its train_a / train_b / train_c, the held-out headline as `test`, the negative control as
                     `control`; `tasks.templates` then names benchmark families ("" = all), `tasks.level` the
                     perturbation level (default 2, the headline's), and each family keeps its own step cap instead
-                    of `tasks.max_steps`). Which stage reads which split is the recipe's own: today every stage that
-                    read `train` reads all three parts.
+                    of `tasks.max_steps`). `demos.split`, `orm.split` and `curriculum.split` choose each stage's
+                    tasks (default `train`; the benchmark's roles: train_a, train_b, train_c).
 
 Variants (`configs/webrl.py:<name>`):
   smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
@@ -89,7 +89,7 @@ def get_config(arg=None):
   c.scoring = ml_collections.ConfigDict(dict(batch=4))  # rows per forward pass when scoring samples
 
   # SFT: the scripted expert's demonstrations in WebRL's format (the original's web_policy_sft).
-  c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b
+  c.demos = ml_collections.ConfigDict(dict(episodes=48, split="train"))  # split: train | train_a | train_b | train_c
   c.sft = config_lib.stage(steps=300, batch_size=4, lr=1e-3)
   # a departure: first `steps` steps on the same samples with each page cut to `prompt_chars` characters (the
   # tiny decoder learns to read the instruction there, not on full pages; docs/results/webrl.md#warmup); 0 = off
@@ -99,9 +99,9 @@ def get_config(arg=None):
   # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);
   # `val_fraction` of them held out to report its agreement with the judge: `held_out` task (that fraction of the
   # intents, with their demonstrations: texts the ORM never saw) | episode (that fraction of the episodes; a held-out
-  # success then repeats its demonstration's text, in train)
+  # success then repeats its demonstration's text, in train); `split`: the tasks its episodes are drawn from
   c.orm = ml_collections.ConfigDict(dict(episodes=48, temperature=1.0, near_misses=32, val_fraction=0.25,
-                                         held_out="task"))
+                                         held_out="task", split="train"))
   c.orm.update(config_lib.stage(steps=150, batch_size=4, lr=1e-3))
   # the same departure as sft.warmup for the ORM, the final page cut; off, as the run's 20 minutes need its time
   # (without it the ORM says YES to every episode at two seeds of three: docs/results/webrl.md#committed)
@@ -111,7 +111,8 @@ def get_config(arg=None):
   c.orm.page = "full"
 
   c.phases = 2
-  c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75))
+  # `split`: the pool the variations of failed tasks are drawn from
+  c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75, split="train"))
   c.curriculum.generator = "variations"  # variations | openai
   # generator=openai: gen_task.py's requests (per site `turns` of min(`seeds`, |failed|) failed intents), to any
   # OpenAI-compatible endpoint; the key is read from $`api_key_env`.

@@ -67,6 +67,8 @@ def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: i
 
 
 SUITES = ("sites", "bench")  # config.tasks.suite
+# The train splits a stage may draw from (`bench_tasks` writes all four; the sites' suites the first three).
+TRAIN_SPLITS = ("train", "train_a", "train_b", "train_c")
 
 
 def stage_tasks(config, out: str, profile: str) -> dict:
@@ -117,6 +119,16 @@ def check_tasks(tasks) -> None:
   if unknown:
     raise ValueError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
                      f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
+
+
+def check_split_keys(config, keys: Sequence[str]) -> None:
+  """Each `keys` (e.g. "online.split") names a train split the run's suite writes: `train_c` is the benchmark's
+  alone. A ValueError naming the key otherwise."""
+  for key in keys:
+    block, name = key.rsplit(".", 1)
+    if config[block][name] == "train_c" and config.tasks.get("suite", "sites") != "bench":
+      raise ValueError(f"config.{key}='train_c' is a part of the benchmark only (tasks.suite=bench); the sites' "
+                       f"suites have train, train_a and train_b: set --config.{key}=train")
 
 
 def success_rate(trajs: Sequence[types.Trajectory]) -> float:

@@ -29,12 +29,13 @@ from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.models.critic import CriticConfig
 from jaxagent.pipeline import device, distributed, report, rollout
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import ConfigError, stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.evaluate import evaluate_actors, summary, write_results
 from jaxagent.pipeline.policy import inference_mesh, load_actor
 from jaxagent.pipeline.stages import Stages, write_text
-from jaxagent.pipeline.tasks import draw_episodes, suite, success_rate, test_episodes
+from jaxagent.pipeline.tasks import (TRAIN_SPLITS, check_split_keys, draw_episodes, suite, success_rate,
+                                     test_episodes)
 from jaxagent.proj.digiq import critic as critic_lib
 from jaxagent.proj.digiq import data, represent, viewer
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
@@ -46,7 +47,7 @@ CHOICES = {
     "env.browser": ("chromium",),
     "model.kind": ("vlm", "autoui"),
     "parse": ("faithful", "lenient"),
-    "demos.split": ("train", "train_a", "train_b"),
+    "demos.split": TRAIN_SPLITS,
     "representation.readout": ("generated", "prompt_last"),
     "critic.target_init": ("random", "copy"),
     "actor.normalize": ("all_states", "kept_tokens"),
@@ -57,7 +58,20 @@ CHOICES = {
     "actor.loss": ("best-of-n", "pg", "awr", "sft"),
     "actor.head_reduce": ("min", "max"),
 }
-LISTS = {"behaviour.splits": ("train", "test", "train_a", "train_b")}
+LISTS = {"behaviour.splits": TRAIN_SPLITS + ("test",)}
+
+
+def check_config(config) -> None:
+  """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work):
+  `train_c` is a split of the benchmark alone."""
+  try:
+    check_split_keys(config, ("demos.split",))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if "train_c" in [x.strip() for x in str(config.behaviour.splits).split(",")] and \
+      config.tasks.get("suite", "sites") != "bench":
+    raise ConfigError(f"config.behaviour.splits={config.behaviour.splits!r} names train_c, a part of the benchmark "
+                      "only (tasks.suite=bench); set --config.behaviour.splits=train_b")
 
 
 def run(config, workdir: str) -> dict:

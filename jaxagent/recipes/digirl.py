@@ -39,24 +39,21 @@ from jaxagent.pipeline.config import ConfigError, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, write_results
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages, read_json, write_text
-from jaxagent.pipeline.tasks import draw_episodes, suite, success_rate, test_episodes
+from jaxagent.pipeline.tasks import (TRAIN_SPLITS, check_split_keys, draw_episodes, suite, success_rate,
+                                     test_episodes)
 from jaxagent.proj.digirl import critics, training
 from jaxagent.proj.digirl.data import Data, load_store
 from jaxagent.rl.losses import AUTOUI_PROB_CLAMP
 from jaxagent.train.losses import sequence_nll, weighted_token_nll
 
-# Where each stage draws its tasks: `tasks.suite=bench` writes all four (the benchmark's train_a / b / c and their
-# union), the sites' suites the first three.
-TRAIN_SPLITS = ("train", "train_a", "train_b", "train_c")
+SPLIT_KEYS = ("demos.split", "offline.split", "online.split")  # where each stage draws its tasks
 STAGES = ("tasks", "il", "offline_data", "critics", "filtered_bc", "digirl_offline", "online", "eval")
 CHOICES = {
     "env.browser": ("chromium",),
     "model.kind": ("vlm", "autoui"),
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),
-    "demos.split": TRAIN_SPLITS,
-    "offline.split": TRAIN_SPLITS,
-    "online.split": TRAIN_SPLITS,
+    **{key: TRAIN_SPLITS for key in SPLIT_KEYS},
     "parse": ("faithful", "lenient"),
     "judge.kind": ("programmatic", "llm"),
     "actor.loss": ("digirl", "token_nll"),
@@ -88,11 +85,10 @@ def check_config(config) -> None:
   if isinstance(config.capacity, bool) or not isinstance(config.capacity, int) or config.capacity < 0:
     raise ConfigError(f"config.capacity={config.capacity!r}: must be a whole number >= 0 (the replay buffers' "
                       "transitions; 0 = unbounded); set --config.capacity=2000 (the code's)")
-  for key in ("demos.split", "offline.split", "online.split"):
-    block, name = key.split(".")
-    if config[block][name] == "train_c" and config.tasks.get("suite", "sites") != "bench":
-      raise ConfigError(f"config.{key}='train_c' is a part of the benchmark only (tasks.suite=bench); the sites' "
-                        f"suites have train, train_a and train_b: set --config.{key}=train")
+  try:
+    check_split_keys(config, SPLIT_KEYS)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------ stages

@@ -51,12 +51,13 @@ from jaxagent.proj.webrl import curriculum, data, orm, replay, warmup
 from jaxagent.rl.losses import WEBRL_NORMALIZE
 from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper, weighted_token_nll
 
+SPLIT_KEYS = ("demos.split", "orm.split", "curriculum.split")  # where each stage draws its tasks
 CHOICES = {
     "env.browser": ("chromium", "text"),
     "model.kind": ("decoder",),
     "html": ("compact", "full"),
     "reward": ("orm", "judge"),
-    "demos.split": ("train", "train_a", "train_b"),
+    **{key: tasks_lib.TRAIN_SPLITS for key in SPLIT_KEYS},
     "actor.loss": ("code", "paper", "sft"),
     "actor.normalize": WEBRL_NORMALIZE,
     "orm.page": orm.PAGES,
@@ -121,7 +122,7 @@ def orm_episodes(config, workdir: str, out: str) -> tuple[list, list, list, list
   """The ORM's judged episodes on train tasks (run into `out`, or read back where they are): π_0's rollouts, the
   expert's near misses, and the (train, held-out) split of `orm.held_out` (`orm.split_held_out`). Returns
   (rollouts, near misses, train, held out)."""
-  pool = suite(workdir, "train")
+  pool = suite(workdir, config.orm.split)
   tasks = draw_episodes(pool, int(config.orm.episodes), int(config.seed) + 1, "orm")
   trajs = [t for t in _rollout(config, os.path.join(workdir, "sft"), float(config.orm.temperature), tasks,
                                os.path.join(out, "store"), "sft@orm", int(config.seed)) if data.usable(t)]
@@ -267,6 +268,10 @@ def phase_stages(config, workdir: str, t: int) -> Stages:
 
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work)."""
+  try:
+    tasks_lib.check_split_keys(config, SPLIT_KEYS)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if config.env.browser == "text" and config.html != "compact":
     raise ConfigError("config.env.browser='text' with config.html='full': the full HTML carries each element's "
                       "box (data-bbox), which only a browser lays out; set --config.html=compact or "

@@ -237,3 +237,20 @@ def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_
                  if s.image_path)
       assert run["actor"]["filtered_bc_samples"] == wins
       assert run["actor"]["il_samples"] > 0
+
+
+def test_train_c_is_the_benchmarks_alone_naming_the_key():
+  from jaxagent.recipes import digiq  # pylint: disable=g-import-not-at-top
+  config = digiq_config.get_config()
+  config.behaviour.splits = "train_b,train_c"
+  with pytest.raises(ConfigError, match=r"config\.behaviour\.splits='train_b,train_c' names train_c, a part of the "
+                                        r"benchmark only"):
+    digiq.check_config(config)
+  config.tasks.update(suite="bench", templates="cart")
+  config.demos.split = "train_a"
+  validate(config, digiq.CHOICES, digiq.LISTS)
+  digiq.check_config(config)
+  config.tasks.suite = "sites"
+  config.behaviour.splits, config.demos.split = "train_b", "train_c"
+  with pytest.raises(ConfigError, match=r"config\.demos\.split='train_c' is a part of the benchmark only"):
+    digiq.check_config(config)

@@ -224,3 +224,29 @@ def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tm
   acting.assert_cli_acts_as_the_recipe(monkeypatch, tmp_path, config,
                                        acting.recipe_evaluation_of(monkeypatch, webrl, f"phase{config.phases}", workdir),
                                        f"phase{config.phases}", actor, webrl.test_episodes(config, workdir))
+
+
+def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
+  """On the benchmark (text profile): demonstrations from train_a, the ORM's episodes from train_b, the
+  curriculum's variations from train_c; train_c is refused off the benchmark, naming the key."""
+  from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  from jaxagent.proj.webrl import curriculum  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config()
+  config.tasks.update(suite="bench", templates="cart", level=0)
+  config.demos.split, config.orm.split, config.curriculum.split = "train_a", "train_b", "train_c"
+  validate(config, webrl.CHOICES, {})
+  webrl.check_config(config)
+  tasks_lib.stage_tasks(config, str(tmp_path / "tasks"), "text")
+  failed = tasks_lib.read_tasks(str(tmp_path / "tasks" / "train_a.jsonl"))[:3]
+  os.makedirs(tmp_path / "phase1" / "labels")
+  tasks_lib.write_tasks(str(tmp_path / "phase1" / "labels" / "failed.jsonl"), failed)
+  found, _ = curriculum.candidates(config, str(tmp_path), 2, 6, str(tmp_path / "out"))
+  assert found and {t.split for t in found} == {"train_c"}
+  drawn = []
+  monkeypatch.setattr(webrl, "_rollout", lambda config, actor, temperature, tasks, *a: drawn.extend(tasks) or [])
+  monkeypatch.setattr(webrl.device, "rollout", lambda config, spec, policy, tasks, *a, **k: drawn.extend(tasks) or [])
+  webrl.orm_episodes(config, str(tmp_path), str(tmp_path / "orm"))
+  assert {t.split for t in drawn} == {"train_b"} and len(drawn) == config.orm.episodes + config.orm.near_misses
+  config.tasks.suite = "sites"
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.split='train_c' is a part of the benchmark only"):
+    webrl.check_config(config)

@@ -201,11 +201,12 @@ def _previous_failures(workdir: str, t: int) -> list[types.Task]:
 
 def candidates(config, workdir: str, t: int, n: int, out: str) -> tuple[list[types.Task], dict]:
   """Phase t's candidate tasks from phase t−1's failures, and their summary: `n` variations of the failed tasks'
-  templates, or (`curriculum.generator=openai`) what the LLM writes from them (from the train pool when nothing
+  templates within the `curriculum.split` pool, or (`curriculum.generator=openai`) what the LLM writes from them
+  (from that pool when nothing
   failed), less those whose intent is a test intent, shuffled. Process 0 asks the LLM once; its tasks are kept
   in `out/generated.jsonl` (a resumed stage asks no more; none kept: a rerun asks again) and read by every
   process."""
-  pool = tasks_lib.suite(workdir, "train")
+  pool = tasks_lib.suite(workdir, config.curriculum.split)
   failed = _previous_failures(workdir, t)
   info = {"failed_seeds": len(failed)}
   if config.curriculum.generator != "openai":
