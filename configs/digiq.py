@@ -124,6 +124,8 @@ def get_config(arg=None):
   # (docs/results/digiq.md#actor-normalize).
   c.actor.normalize = "all_states"
 
+  # episodes drawn from the test split (0 = each test task once: the benchmark's protocol); with tasks.suite=bench
+  # the negative control's intents are evaluated too, each once
   c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.8, seed=1))
 
   c.checkpoint.every = 100

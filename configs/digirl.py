@@ -110,6 +110,8 @@ def get_config(arg=None):
                                      end_lr_ratio=1.0)
   c.online.actor = config_lib.stage(steps=50, batch_size=8, lr=3e-4)
 
+  # episodes drawn from the test split (0 = each test task once: the benchmark's protocol); with tasks.suite=bench
+  # the negative control's intents are evaluated too, each once
   c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0, seed=1))  # the code samples at T 1
 
   c.checkpoint.every = 100

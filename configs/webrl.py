@@ -136,6 +136,8 @@ def get_config(arg=None):
   # worker processes: up to 8 a task); 1 = one a task overall
   c.replay = ml_collections.ConfigDict(dict(low=0.5, high=0.95, cap=2, chunks=8))
 
+  # episodes drawn from the test split (0 = each test task once: the benchmark's protocol); with tasks.suite=bench
+  # the negative control's intents are evaluated too, each once
   c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.0, seed=1))  # VAB evaluates at T 0
 
   c.checkpoint.every = 100

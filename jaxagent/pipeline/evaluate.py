@@ -69,6 +69,17 @@ def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Seq
   return results
 
 
+def evaluate_control(config, actors: Mapping[str, str | types.Policy], workdir: str, out: str, **kwargs) -> dict:
+  """On the benchmark (`tasks.suite=bench`), `actors` on its negative control's held-out intents, each once
+  (`evaluate_actors` with `kwargs`), as `{"control": {name: summary}}`: a family no method should move, reported
+  beside the headline. `{}` otherwise."""
+  from jaxagent.pipeline.tasks import control_episodes  # pylint: disable=g-import-not-at-top
+  tasks = control_episodes(config, workdir)
+  if not tasks:
+    return {}
+  return {"control": evaluate_actors(config, actors, tasks, os.path.join(out, "control"), **kwargs)}
+
+
 def write_results(path: str, results: Mapping[str, Any]) -> dict:
   """`results` with where they came from (`provenance`), written to `path` by process 0."""
   results = with_provenance(dict(results))

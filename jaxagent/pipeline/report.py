@@ -179,14 +179,17 @@ def table(per_seed: Mapping[int, dict], headline: dict) -> str:
 
 
 def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None) -> str:
-  """A recipe's closing table: per evaluated policy (`names`, default all), its success rate, episodes,
-  temperature and mean steps."""
-  names = list(results) if names is None else list(names)
-  width = max([len("policy")] + [len(n) for n in names]) + 1
+  """A recipe's closing table: per evaluated policy (`names`, default every result with a success rate), its
+  success rate, episodes, temperature and mean steps; the benchmark's negative control (`results["control"]`)
+  below it, under the same columns."""
+  names = [n for n, r in results.items() if isinstance(r, dict) and "success_rate" in r] if names is None else list(
+      names)
+  control = results.get("control") if isinstance(results.get("control"), dict) else {}
+  labels = names + [f"control: {n}" for n in control]
+  width = max([len("policy")] + [len(n) for n in labels]) + 1
   rows = [f"{'policy':<{width}} success   episodes  temperature  mean steps"]
-  for name in names:
-    r = results[name]
-    rows.append(f"{name:<{width}} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
+  for label, r in [(n, results[n]) for n in names] + [(f"control: {n}", r) for n, r in control.items()]:
+    rows.append(f"{label:<{width}} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
                 f"{r['mean_steps']:10.2f}")
   return "\n".join(rows)
 

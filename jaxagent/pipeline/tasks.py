@@ -148,5 +148,15 @@ def suite(workdir: str, split: str) -> list[types.Task]:
 
 
 def test_episodes(config, workdir: str) -> list[types.Task]:
-  """The evaluation's episodes: `eval.episodes` draws from the held-out test split with the fixed `eval.seed`."""
-  return draw_episodes(suite(workdir, "test"), int(config.eval.episodes), int(config.eval.seed), "eval")
+  """The evaluation's episodes: `eval.episodes` drawn from the held-out test split with the fixed `eval.seed`;
+  0 = every test task once (the benchmark's protocol: each held-out intent once per policy)."""
+  tasks = suite(workdir, "test")
+  return draw_episodes(tasks, int(config.eval.episodes) or len(tasks), int(config.eval.seed), "eval")
+
+
+def control_episodes(config, workdir: str) -> list[types.Task]:
+  """The benchmark's negative control (`tasks.suite=bench`), every held-out intent once; none otherwise."""
+  if config.tasks.get("suite", "sites") != "bench":
+    return []
+  tasks = suite(workdir, "control")
+  return draw_episodes(tasks, len(tasks), int(config.eval.seed), "control")

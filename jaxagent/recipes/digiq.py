@@ -31,7 +31,7 @@ from jaxagent.models.critic import CriticConfig
 from jaxagent.pipeline import device, distributed, report, rollout
 from jaxagent.pipeline.config import ConfigError, stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.evaluate import evaluate_actors, summary, write_results
+from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, summary, write_results
 from jaxagent.pipeline.policy import inference_mesh, load_actor
 from jaxagent.pipeline.stages import Stages, write_text
 from jaxagent.pipeline.tasks import (TRAIN_SPLITS, check_split_keys, draw_episodes, suite, success_rate,
@@ -234,8 +234,9 @@ def stage_eval(config, workdir, out):
   else:
     results = evaluate_actors(config, {"behaviour": trained("il")}, tasks, out, env_spec=spec, gamma=gamma,
                               temperature=config.behaviour.temperature)
-  results.update(evaluate_actors(config, {"il_actor": trained("il"), "filtered_bc_actor": trained("filtered_bc"),
-                                          "digiq_actor": trained("actor")}, tasks, out, env_spec=spec, gamma=gamma))
+  actors = {"il_actor": trained("il"), "filtered_bc_actor": trained("filtered_bc"), "digiq_actor": trained("actor")}
+  results.update(evaluate_actors(config, actors, tasks, out, env_spec=spec, gamma=gamma))
+  results.update(evaluate_control(config, actors, workdir, out, env_spec=spec, gamma=gamma))
   results["digiq_minus_il"] = results["digiq_actor"]["success_rate"] - results["il_actor"]["success_rate"]
   results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]
                                         - results["filtered_bc_actor"]["success_rate"])

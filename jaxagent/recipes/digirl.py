@@ -36,7 +36,7 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout
 from jaxagent.pipeline.config import ConfigError, stage_config
-from jaxagent.pipeline.evaluate import evaluate_actors, write_results
+from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages, read_json, write_text
 from jaxagent.pipeline.tasks import (TRAIN_SPLITS, check_split_keys, draw_episodes, suite, success_rate,
@@ -182,9 +182,10 @@ def learn_round(config, workdir, rounds: Stages, i: int, data: Data, actor: str,
 
 
 def stage_eval(config, workdir, out):
-  results = evaluate_actors(config, policies(config, workdir), test_episodes(config, workdir), out,
-                            env_spec=device.env_spec(config), judge=lambda store: _judge(config, store),
-                            gamma=float(config.gamma))
+  actors, options = policies(config, workdir), dict(env_spec=device.env_spec(config), gamma=float(config.gamma),
+                                                    judge=lambda store: _judge(config, store))
+  results = evaluate_actors(config, actors, test_episodes(config, workdir), out, **options)
+  results.update(evaluate_control(config, actors, workdir, out, **options))
   write_results(os.path.join(workdir, "results.json"), results)
   return results
 

@@ -41,7 +41,7 @@ from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout
 from jaxagent.pipeline import tasks as tasks_lib
 from jaxagent.pipeline.config import ConfigError, stage_config
-from jaxagent.pipeline.evaluate import evaluate_actors, write_results
+from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages, read_json, write_json
@@ -221,6 +221,7 @@ def stage_eval(config, workdir, out):
   actors = {"sft": phase_actor(workdir, 0), **{f"phase{t}": phase_actor(workdir, t) for t in phases}}
   results = evaluate_actors(config, actors, test_episodes(config, workdir), out, env_spec=env_spec(config),
                             gamma=data.GAMMA)
+  results.update(evaluate_control(config, actors, workdir, out, env_spec=env_spec(config), gamma=data.GAMMA))
   orm_summary = read_json(os.path.join(workdir, "orm", "DONE"))
   labels = [read_json(os.path.join(workdir, f"phase{t}", "labels", "DONE")) for t in phases]
   held = {"orm_held_out": orm_summary["held_out"], "orm_by_phase": [p["orm_vs_judge"] for p in labels]}

@@ -59,3 +59,15 @@ def test_the_default_suite_is_the_sites_and_bench_validates():
   assert config.tasks.suite == "sites"
   config.tasks.update(suite="bench", templates="filter,cart")
   validate(config, digirl.CHOICES, {})
+
+
+def test_the_evaluation_plays_every_headline_and_control_intent_once(tmp_path):
+  config = _config(templates="cart,order")
+  config.eval = {"episodes": 0, "seed": 1}
+  tasks_lib.stage_tasks(config, str(tmp_path / "tasks"), "device")
+  test, control = tasks_lib.test_episodes(config, str(tmp_path)), tasks_lib.control_episodes(config, str(tmp_path))
+  headline = tasks_lib.read_tasks(str(tmp_path / "tasks" / "test.jsonl"))
+  assert sorted(t.id.split("@")[0] for t in test) == sorted(t.id for t in headline)  # each once
+  assert len(control) == 8 and len({t.id for t in control}) == 8
+  config.tasks.suite = "sites"
+  assert tasks_lib.control_episodes(config, str(tmp_path)) == []

@@ -83,3 +83,11 @@ def test_by_stratum_by_hand():
   assert by["split"]["s"]["rl - il"]["per_seed"] == {0: pytest.approx(1 / 3), 1: 0.5}
   table = report.stratum_table(by)
   assert "| cart | 2–2 | 25.0 [" in table and "+50.0 [" in table and "P " in table
+
+
+def test_policy_table_skips_derived_values_and_lists_the_control_below():
+  results = {**RESULTS, "digiq_minus_il": 0.1, "held_out": True,
+             "control": {"sft": {"success_rate": 0.5, "episodes": 8, "temperature": 0.0, "mean_steps": 5.0}}}
+  lines = report.policy_table(results).split("\n")
+  assert [line.split()[0] for line in lines[1:]] == ["sft", "a_long_policy_name", "control:"]
+  assert lines[3].split() == ["control:", "sft", "50.0%", "8", "0.00", "5.00"]
