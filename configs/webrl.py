@@ -46,6 +46,9 @@ Keys a researcher changes first:
 Variants (`configs/webrl.py:<name>`):
   smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
   smollm  SmolLM2-135M-Instruct (real pretrained weights, offline) as the policy, ORM and critic trunk.
+  bench   the sites benchmark's text profile (`docs/benchmark.md`), fixed before any run on it: every text family
+          at perturbation level 2; demonstrations from train_a, the ORM's episodes from train_b, the curriculum's
+          pool train_c; every headline intent (210) and the negative control's 8 evaluated once per policy.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import ml_collections
 
 from jaxagent import config_lib
 
-VARIANTS = ("smoke", "smollm")
+VARIANTS = ("smoke", "smollm", "bench")
 
 
 def get_config(arg=None):
@@ -170,6 +173,10 @@ def get_config(arg=None):
     c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))
     c.actor.update(config_lib.stage(steps=60, batch_size=2, lr=1e-5))
     c.scoring.batch = 1
+  elif arg.variant == "bench":
+    c.tasks.update(suite="bench", templates="", level=2)
+    c.demos.split, c.orm.split, c.curriculum.split = "train_a", "train_b", "train_c"
+    c.eval.episodes = 0
   elif arg.variant:
     raise ValueError(f"configs/webrl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
   return c
