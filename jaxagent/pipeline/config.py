@@ -42,6 +42,15 @@ def stage_config(config, section, *, seed_offset: int = 0, steps: int | None = N
   return c
 
 
+def check_count(config, key: str, least: int, fix, why: str = "") -> None:
+  """`config.<key>` must be a whole number >= `least`; else a ConfigError naming the key, what it counts (`why`)
+  and the fix (`--config.<key>=<fix>`)."""
+  value = _get(config, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    raise ConfigError(f"config.{key}={value!r}: must be a whole number >= {least}{f' ({why})' if why else ''}; "
+                      f"set --config.{key}={fix}")
+
+
 def _get(config, key: str):
   node = config
   for part in key.split("."):
@@ -78,10 +87,7 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
   _check_precision(config.get("model"))
   if config.get("tasks") is not None and "suite" in config.tasks:
     from jaxagent.pipeline.tasks import check_tasks  # pylint: disable=g-import-not-at-top
-    try:
-      check_tasks(config.tasks)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+    check_tasks(config.tasks)
   env = config.get("env")
   if env is not None and env.get("backend") is not None:
     from jaxagent.envs.backends import BACKENDS  # pylint: disable=g-import-not-at-top

@@ -139,12 +139,11 @@ def by_stratum(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[st
                        and all(i in r[n]["outcomes"] for n in names)) for s, r in per_seed.items()}
       if not all(ids.values()):
         continue
-      row = {n: hierarchical_mean({s: [per_seed[s][n]["outcomes"][i] for i in ids[s]] for s in per_seed},
-                                  resamples) for n in names}
+      picked = lambda n, s: [per_seed[s][n]["outcomes"][i] for i in ids[s]]  # pylint: disable=cell-var-from-loop
+      row = {n: hierarchical_mean({s: picked(n, s) for s in per_seed}, resamples) for n in names}
       for n in names[1:]:
-        row[f"{n} - {names[0]}"] = paired_difference(
-            {s: ([per_seed[s][names[0]]["outcomes"][i] for i in ids[s]], [per_seed[s][n]["outcomes"][i] for i in ids[s]])
-             for s in per_seed}, resamples)
+        row[f"{n} - {names[0]}"] = paired_difference({s: (picked(names[0], s), picked(n, s)) for s in per_seed},
+                                                     resamples)
       out.setdefault(kind, {})[value] = row
   return out
 

@@ -92,15 +92,15 @@ def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Seque
   if not all(isinstance(r, dict) for r in per_seed.values()):
     return _listed(per_seed, workdir)
   combined = {"seeds": list(map(int, seeds)), **combine(_without_outcomes(per_seed))}
-  for name, stats in hierarchical(per_seed).items():
+  hierarchical_stats = hierarchical(per_seed)
+  for name, stats in hierarchical_stats.items():
     combined[name]["hierarchical"] = stats
   combined.update(paired_differences(per_seed))
   combined.update(stratified(per_seed))
   if distributed.is_main():  # every process combined the same results
     write_json(os.path.join(workdir, "results.json"), with_provenance(combined))
   print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
-  for name, d in {n: r["hierarchical"] for n, r in combined.items() if isinstance(r, dict) and "hierarchical" in r
-                  }.items():
+  for name, d in hierarchical_stats.items():
     print(f"{name}: {d['mean']:.1%} [{d['ci95'][0]:.1%}, {d['ci95'][1]:.1%}] over seeds x episodes "
           f"({sum(d['episodes'])} episodes)")
   for name, d in combined.get("paired", {}).items():

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from jaxagent import types
 from jaxagent.pipeline import distributed
+from jaxagent.pipeline.config import ConfigError
 from jaxagent.pipeline.stages import write_text
 
 
@@ -104,31 +105,37 @@ def bench_tasks(config, out: str, profile: str) -> dict:
 
 def check_tasks(tasks) -> None:
   """`config.tasks.suite`, and for the benchmark `level` and the families in `templates`, refused before any work
-  with a ValueError naming the key."""
+  with a ConfigError naming the key."""
   suite = tasks.get("suite", "sites")
   if suite not in SUITES:
-    raise ValueError(f"config.tasks.suite={suite!r} is not one of {SUITES}; set --config.tasks.suite=sites")
+    raise ConfigError(f"config.tasks.suite={suite!r} is not one of {SUITES}; set --config.tasks.suite=sites")
   if suite != "bench":
     return
   from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
   level = tasks.get("level", 0)
   if isinstance(level, bool) or level not in bench.LEVELS:
-    raise ValueError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
+    raise ConfigError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
                      f"{tuple(bench.LEVELS)}; set --config.tasks.level=2 (the headline's)")
   unknown = [f for f in str(tasks.get("templates", "")).split(",") if f.strip() and f.strip() not in bench.FAMILIES]
   if unknown:
-    raise ValueError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
+    raise ConfigError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
                      f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
 
 
 def check_split_keys(config, keys: Sequence[str]) -> None:
-  """Each `keys` (e.g. "online.split") names a train split the run's suite writes: `train_c` is the benchmark's
-  alone. A ValueError naming the key otherwise."""
+  """Each of `keys` (e.g. "online.split"; a value may list several, comma-separated) names train splits the run's
+  suite writes: `train_c` is the benchmark's alone. A ConfigError naming the key otherwise."""
+  if config.tasks.get("suite", "sites") == "bench":
+    return
   for key in keys:
     block, name = key.rsplit(".", 1)
-    if config[block][name] == "train_c" and config.tasks.get("suite", "sites") != "bench":
-      raise ValueError(f"config.{key}='train_c' is a part of the benchmark only (tasks.suite=bench); the sites' "
-                       f"suites have train, train_a and train_b: set --config.{key}=train")
+    value = config[block][name]
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    if "train_c" in names:
+      fix = ",".join(n for n in names if n != "train_c") or "train"
+      raise ConfigError(f"config.{key}={value!r} names train_c, a part of the benchmark only "
+                        f"(tasks.suite=bench); the sites' suites have train, train_a and train_b: set "
+                        f"--config.{key}={fix}")
 
 
 def success_rate(trajs: Sequence[types.Trajectory]) -> float:

@@ -29,7 +29,7 @@ from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.models.critic import CriticConfig
 from jaxagent.pipeline import device, distributed, report, rollout
-from jaxagent.pipeline.config import ConfigError, stage_config
+from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, summary, write_results
 from jaxagent.pipeline.policy import inference_mesh, load_actor
@@ -64,14 +64,7 @@ LISTS = {"behaviour.splits": TRAIN_SPLITS + ("test",)}
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work):
   `train_c` is a split of the benchmark alone."""
-  try:
-    check_split_keys(config, ("demos.split",))
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-  if "train_c" in [x.strip() for x in str(config.behaviour.splits).split(",")] and \
-      config.tasks.get("suite", "sites") != "bench":
-    raise ConfigError(f"config.behaviour.splits={config.behaviour.splits!r} names train_c, a part of the benchmark "
-                      "only (tasks.suite=bench); set --config.behaviour.splits=train_b")
+  check_split_keys(config, ("demos.split", "behaviour.splits"))
 
 
 def run(config, workdir: str) -> dict:

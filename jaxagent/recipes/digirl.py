@@ -35,7 +35,7 @@ from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.judges import programmatic
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout
-from jaxagent.pipeline.config import ConfigError, stage_config
+from jaxagent.pipeline.config import check_count, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages, read_json, write_text
@@ -82,13 +82,8 @@ def run(config, workdir: str) -> dict:
 
 def check_config(config) -> None:
   """The keys `pipeline.config.validate` has no rule for (`jaxagent.main` calls it before any work)."""
-  if isinstance(config.capacity, bool) or not isinstance(config.capacity, int) or config.capacity < 0:
-    raise ConfigError(f"config.capacity={config.capacity!r}: must be a whole number >= 0 (the replay buffers' "
-                      "transitions; 0 = unbounded); set --config.capacity=2000 (the code's)")
-  try:
-    check_split_keys(config, SPLIT_KEYS)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  check_count(config, "capacity", 0, "2000 (the code's)", "the replay buffers' transitions; 0 = unbounded")
+  check_split_keys(config, SPLIT_KEYS)
 
 
 # ------------------------------------------------------------------------------------------ stages

@@ -40,7 +40,7 @@ from jaxagent.data.tokenizer import fit_tokenizer
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.pipeline import async_collect, device, distributed, report, rollout
 from jaxagent.pipeline import tasks as tasks_lib
-from jaxagent.pipeline.config import ConfigError, stage_config
+from jaxagent.pipeline.config import ConfigError, check_count, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_actor
@@ -269,10 +269,7 @@ def phase_stages(config, workdir: str, t: int) -> Stages:
 
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work)."""
-  try:
-    tasks_lib.check_split_keys(config, SPLIT_KEYS)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  tasks_lib.check_split_keys(config, SPLIT_KEYS)
   if config.env.browser == "text" and config.html != "compact":
     raise ConfigError("config.env.browser='text' with config.html='full': the full HTML carries each element's "
                       "box (data-bbox), which only a browser lays out; set --config.html=compact or "
@@ -281,28 +278,19 @@ def check_config(config) -> None:
     raise ConfigError(f"config.data.tokenizer='demos' fits a new vocabulary, which model.hf_checkpoint="
                       f"{config.model.hf_checkpoint!r}'s embeddings do not have; set --config.data.tokenizer='' "
                       "(the checkpoint's own tokenizer)")
-  for stage, (key, least) in itertools.product(("sft", "orm"), (("steps", 0), ("prompt_chars", 1))):
-    value = config[stage].warmup[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-      raise ConfigError(f"config.{stage}.warmup.{key}={value!r}: must be a whole number >= {least}; set "
-                        f"--config.{stage}.warmup.{key}={200 if key == 'prompt_chars' else 0}")
-  chunks = config.replay.chunks
-  if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-    raise ConfigError(f"config.replay.chunks={chunks!r}: must be a whole number >= 1 (the original's 8 worker "
-                      "chunks, or 1 for one success per task); set --config.replay.chunks=8")
+  for stage, (key, least, fix) in itertools.product(("sft", "orm"), (("steps", 0, 0), ("prompt_chars", 1, 200))):
+    check_count(config, f"{stage}.warmup.{key}", least, fix)
+  check_count(config, "replay.chunks", 1, 8, "the original's 8 worker chunks, or 1 for one success per task")
   if isinstance(config.actor.epochs, bool) or not config.actor.epochs > 0:
     raise ConfigError(f"config.actor.epochs={config.actor.epochs!r}: must be > 0 (passes over a phase's samples at "
                       "most); set --config.actor.epochs=2")
   if config.curriculum.generator != "openai":
     return
-  gen = config.curriculum.openai
-  if not gen.base_url:
+  if not config.curriculum.openai.base_url:
     raise ConfigError("config.curriculum.openai.base_url is required with curriculum.generator=openai; set "
                       "--config.curriculum.openai.base_url=http://HOST:PORT/v1 (any OpenAI-compatible endpoint)")
   for key in ("turns", "seeds"):
-    if isinstance(gen[key], bool) or not isinstance(gen[key], int) or gen[key] < 1:
-      raise ConfigError(f"config.curriculum.openai.{key}={gen[key]!r}: must be a whole number >= 1; set "
-                        f"--config.curriculum.openai.{key}=1 (or more)")
+    check_count(config, f"curriculum.openai.{key}", 1, "1 (or more)")
   if config.reward == "judge":
     raise ConfigError("config.reward='judge' needs a verdict on every episode, and curriculum.generator=openai "
                       "writes tasks without an evaluator; set --config.reward=orm or "

@@ -252,5 +252,5 @@ def test_train_c_is_the_benchmarks_alone_naming_the_key():
   digiq.check_config(config)
   config.tasks.suite = "sites"
   config.behaviour.splits, config.demos.split = "train_b", "train_c"
-  with pytest.raises(ConfigError, match=r"config\.demos\.split='train_c' is a part of the benchmark only"):
+  with pytest.raises(ConfigError, match=r"config\.demos\.split='train_c' names train_c, a part of the benchmark only"):
     digiq.check_config(config)

@@ -218,7 +218,8 @@ def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
   digirl.stage_offline_data(config, str(tmp_path), str(tmp_path / "offline_data"))
   assert part(drawn) == {"train_b"} and len(drawn) == config.offline.episodes
   config.tasks.suite = "sites"
-  with pytest.raises(ConfigError, match=r"config\.online\.split='train_c' is a part of the benchmark only"):
+  with pytest.raises(ConfigError, match=r"config\.online\.split='train_c' names train_c, a part of the "
+                                        r"benchmark only"):
     digirl.check_config(config)
 
 

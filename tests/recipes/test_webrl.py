@@ -248,5 +248,6 @@ def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
   webrl.orm_episodes(config, str(tmp_path), str(tmp_path / "orm"))
   assert {t.split for t in drawn} == {"train_b"} and len(drawn) == config.orm.episodes + config.orm.near_misses
   config.tasks.suite = "sites"
-  with pytest.raises(ConfigError, match=r"config\.curriculum\.split='train_c' is a part of the benchmark only"):
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.split='train_c' names train_c, a part of the "
+                                        r"benchmark only"):
     webrl.check_config(config)
