@@ -17,6 +17,7 @@ from jaxagent.models import attention, lora_settings, precision
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
 # the names a path key also takes: "default", a bundled checkpoint, a tokenizer fitted by the run (WebRL's "demos")
 NAMED_PATHS = {"hf_checkpoint": ("default", "smollm2"), "tokenizer": ("default", "demos")}
+SUITES = ("sites", "bench")  # config.tasks.suite: `pipeline.tasks.stage_tasks`
 COUNT_KEYS = ("max_lag", "parse_failures", "repeats")  # config keys (last component) holding a count: an int >= 0
 
 
@@ -49,6 +50,25 @@ def check_count(config, key: str, least: int, fix, why: str = "") -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < least:
     raise ConfigError(f"config.{key}={value!r}: must be a whole number >= {least}{f' ({why})' if why else ''}; "
                       f"set --config.{key}={fix}")
+
+
+def check_tasks(tasks) -> None:
+  """`config.tasks.suite`, and for the benchmark `level` and the families in `templates`, refused before any work
+  with a ConfigError naming the key."""
+  suite = tasks.get("suite", "sites")
+  if suite not in SUITES:
+    raise ConfigError(f"config.tasks.suite={suite!r} is not one of {SUITES}; set --config.tasks.suite=sites")
+  if suite != "bench":
+    return
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  level = tasks.get("level", 0)
+  if isinstance(level, bool) or level not in bench.LEVELS:
+    raise ConfigError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
+                     f"{tuple(bench.LEVELS)}; set --config.tasks.level=2 (the headline's)")
+  unknown = [f for f in str(tasks.get("templates", "")).split(",") if f.strip() and f.strip() not in bench.FAMILIES]
+  if unknown:
+    raise ConfigError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
+                     f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
 
 
 def _get(config, key: str):
@@ -86,7 +106,6 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
                         "comma-separated")
   _check_precision(config.get("model"))
   if config.get("tasks") is not None and "suite" in config.tasks:
-    from jaxagent.pipeline.tasks import check_tasks  # pylint: disable=g-import-not-at-top
     check_tasks(config.tasks)
   env = config.get("env")
   if env is not None and env.get("backend") is not None:

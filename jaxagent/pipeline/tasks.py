@@ -67,7 +67,6 @@ def disjoint_sets(tasks: Sequence[types.Task], sizes: Mapping[str, int], seed: i
   return out
 
 
-SUITES = ("sites", "bench")  # config.tasks.suite
 # The train splits a stage may draw from (`bench_tasks` writes all four; the sites' suites the first three).
 TRAIN_SPLITS = ("train", "train_a", "train_b", "train_c")
 
@@ -101,25 +100,6 @@ def bench_tasks(config, out: str, profile: str) -> dict:
   splits["test"] = bench.headline(made)
   splits["control"] = [t for t in made["test_comb"] if t.meta.get("family") == bench.CONTROL]
   return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in splits.items()}
-
-
-def check_tasks(tasks) -> None:
-  """`config.tasks.suite`, and for the benchmark `level` and the families in `templates`, refused before any work
-  with a ConfigError naming the key."""
-  suite = tasks.get("suite", "sites")
-  if suite not in SUITES:
-    raise ConfigError(f"config.tasks.suite={suite!r} is not one of {SUITES}; set --config.tasks.suite=sites")
-  if suite != "bench":
-    return
-  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
-  level = tasks.get("level", 0)
-  if isinstance(level, bool) or level not in bench.LEVELS:
-    raise ConfigError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
-                     f"{tuple(bench.LEVELS)}; set --config.tasks.level=2 (the headline's)")
-  unknown = [f for f in str(tasks.get("templates", "")).split(",") if f.strip() and f.strip() not in bench.FAMILIES]
-  if unknown:
-    raise ConfigError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
-                     f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
 
 
 def check_split_keys(config, keys: Sequence[str]) -> None:
