@@ -119,6 +119,27 @@ def test_prompt_embeds_path_equals_token_path(model, prompts):
   np.testing.assert_array_equal(by_embeds.tokens, by_ids.tokens)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_padded_decode_row_changes_nothing(model, prompts, temperature):
+  """The extra decode row a GPU gets at batch 1 (`decode_pad_rows`) leaves tokens, log-probs, EOS stops and
+  sampled draws as they are without it."""
+  ids, mask = prompts
+  one, one_mask = ids[1:2], mask[1:2]
+  config = sampler.SamplingConfig(max_new_tokens=N, temperature=1.0 if temperature else 0.0, top_k=20, pad_id=1)
+  run = lambda pad, c: sampler._sample_jit(model, one, None, one_mask, jax.random.key(5),  # pylint: disable=protected-access
+                                           jnp.float32(temperature), c, pad)
+  free = np.asarray(run(0, config).tokens)[0]
+  config = dataclasses.replace(config, eos_ids=(int(free[N // 2]),))  # a row that stops half-way
+  plain, padded = run(0, config), run(1, config)
+  np.testing.assert_array_equal(padded.tokens, plain.tokens)
+  np.testing.assert_array_equal(padded.lengths, plain.lengths)
+  assert padded.tokens.shape == (1, N) and int(plain.lengths[0]) <= N // 2 + 1
+  np.testing.assert_allclose(padded.logprobs, plain.logprobs, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(padded.sample_logprobs, plain.sample_logprobs, rtol=1e-5, atol=1e-6)
+  assert sampler.decode_pad_rows(1) == (1 if jax.default_backend() == "gpu" else 0)
+  assert sampler.decode_pad_rows(2) == 0
+
+
 def test_filter_logits_top_p_and_top_k():
   logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3]]))
   keep = lambda **kw: np.isfinite(np.asarray(sampler.filter_logits(logits, sampler.SamplingConfig(**kw))))[0]
