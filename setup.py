@@ -40,7 +40,7 @@ setup(
     extras_require={
         "cuda12": ["jax[cuda12]>=0.10"],
         "ray": ["ray>=2.60"],  # config.env.backend="ray": rollout workers as Ray actors (envs/ray_pool.py)
-        "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "accelerate",  # accelerate: transformers' gguf_file
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "accelerate",  # accelerate: transformers' gguf_file
                  "ray>=2.60"],
         # BrowserGym (benchmarks/env_throughput.py's reference) pins an older Playwright: install it with
         # --no-deps as that benchmark's docstring says, not through an extra.

@@ -47,6 +47,7 @@ def test_sites_suite_selects_split_and_families():
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_expert_on_two_worlds_writes_results_and_report(tmp_path):
   out = str(tmp_path / "eval")
   evaluate.main(["--policy", "expert", "--suite", "sites:device/test/shop_price", "--episodes", "2",
@@ -76,6 +77,7 @@ def test_bench_suite_parses_and_refuses_bad_splits():
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_expert_on_the_benchmark_reports_families_and_rubric(tmp_path):
   """Per-family success and the rubric beside the total, at perturbation level 2."""
   out = str(tmp_path / "bench")

@@ -19,6 +19,8 @@ from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.state import create_train_state
 
+pytestmark = pytest.mark.slow  # the module trains a recipe to export
+
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Open the shop."}]}]
 
 

@@ -9,6 +9,7 @@ from data_tools import miniwob_expert
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.slow
 def test_table_json_and_page_keep_their_notes(tmp_path, capsys):
   page, rows = tmp_path / "miniwob.md", tmp_path / "rows.json"
   page.write_text(f"old table\n\n{miniwob_expert.NOTES}\nwhy some tasks are left out\n")

@@ -74,6 +74,7 @@ def _index(obs, text):
   return next(e.index for e in obs.elements if e.text == text)
 
 
+@pytest.mark.slow
 def test_reset_observes_page_with_screenshot_and_marks(env, site):
   obs = env.reset(_task(site))
   assert obs.url == site + "index.html" and obs.title == "Fixture" and obs.intent == "do it"
@@ -242,6 +243,7 @@ _TRACES_JS = """async () => [document.cookie, localStorage.length, sessionStorag
 
 
 @pytest.mark.parametrize("fresh_context", [False, True])
+@pytest.mark.slow
 def test_nothing_of_an_episode_is_visible_in_the_next(site, fresh_context):
   """Cookies, local and session storage, IndexedDB, cache storage, back-history and open windows: gone at the
   next reset, whether the context is kept (the default) or new; the browser is never relaunched."""
@@ -277,6 +279,7 @@ def test_unreachable_start_url_is_a_clear_error(env):
     env.reset(Task(id="dead", intent="", site="fixture", start_url="http://127.0.0.1:1/"))
 
 
+@pytest.mark.slow
 def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
   obs = env.reset(_task(site, "phone.html", profile="device", meta={"home_url": site + "next.html"}))
   assert obs.screenshot.shape == (915, 412, 3) and env.page.evaluate("navigator.maxTouchPoints") > 0
@@ -290,6 +293,7 @@ def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
   assert env.reset(_task(site)).screenshot.shape == (768, 1024, 3)  # the next web task gets the desktop again
 
 
+@pytest.mark.slow
 def test_screenshot_observation_numbers_no_elements_and_taps_at_points(site):
   with BrowserEnv(observation="screenshot") as e:
     obs = e.reset(_task(site, "phone.html", profile="device"))
@@ -343,6 +347,7 @@ def test_killed_chromium_raises_then_reset_relaunches_and_close_leaves_nothing(s
   assert not set(pids) & set(_chromium_children())
 
 
+@pytest.mark.slow
 def test_browsers_carry_no_secrets(site, monkeypatch):
   """Chromium's processes get a scrubbed environment: no API key by name or by value, the rest kept."""
   monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdef")

@@ -163,6 +163,7 @@ def _quiet(env, seconds=1.0):
 
 
 @pytest.mark.parametrize("page", ESCAPES)
+@pytest.mark.slow
 def test_no_page_reaches_a_forbidden_origin(env, world, page):
   before = _connections(world)
   obs = env.reset(_task(world, page))
@@ -222,5 +223,6 @@ def test_no_speculative_load_reaches_even_an_allowed_server(env, world):
     ("data:text/html,hi", ("http://127.0.0.1:8000",), True),
     ("file:///etc/passwd", ("http://127.0.0.1:8000",), False),
 ])
+@pytest.mark.slow
 def test_allowed_matches_origins_exactly(url, patterns, ok):
   assert egress.allowed(url, patterns) is ok

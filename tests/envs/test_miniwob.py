@@ -129,6 +129,7 @@ def test_flight_task_loads_in_its_iframe_wrapper(env):
   assert obs.screenshot.shape == (210, 160, 3)
 
 
+@pytest.mark.slow
 def test_a_reset_whose_page_states_no_goal_fails_and_the_next_reset_reloads():
   e = miniwob.MiniWoBEnv(observation="som")
   try:

@@ -33,6 +33,7 @@ def test_train_and_test_seeds_never_overlap_and_suites_carry_their_split():
 
 
 @pytest.mark.parametrize("name", miniwob.TRAINING_TASKS)
+@pytest.mark.slow
 def test_solver_succeeds_on_train_and_test_seeds_and_the_expert_says_the_same_in_webrl(env, name):
   expert = solvers.MiniWoBExpert()
   for split in ("train", "test"):

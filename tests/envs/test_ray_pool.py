@@ -34,6 +34,8 @@ from jaxagent.judges import evaluators
 from jaxagent.rl import collector
 from scripted_env import ScriptedEnv
 
+pytestmark = pytest.mark.slow  # every test starts a local Ray cluster
+
 SPEC = {"kind": f"{ScriptedEnv.__module__}:ScriptedEnv"}
 
 

@@ -40,6 +40,7 @@ def tmp():
   shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_no_temp_file_outlives_a_killed_crashed_or_closed_browser(tmp):
   killed = _run(tmp, "sigkill")
   assert killed.returncode == -9, killed.stderr

@@ -154,6 +154,7 @@ def test_digirl_failing_step_leaves_the_episode_unjudged(tmp_path, fault):
 # ------------------------------------------------------------- (d) a trickling server cannot hold a call
 
 
+@pytest.mark.slow
 def test_trickling_server_is_cut_off_at_timeout(tmp_path):
   state = FaultState(fault_rate=1.0, faults=["trickle"], trickle_interval=0.5, trickle_s=6.0)
   with FaultServer(state) as server:
@@ -179,6 +180,7 @@ def test_trickling_server_is_cut_off_at_timeout(tmp_path):
 # ------------------------------------------------ (e) the measurement: 40 % faults, then re-judging the lost ones
 
 
+@pytest.mark.slow
 def test_no_verdict_lost_for_good_under_40pc_faults(tmp_path):
   rng = random.Random(7)
   pairs, expected = [], []

@@ -266,8 +266,8 @@ if [ "$SLURM_PROCID" = 1 ]; then
   echo "task 1 failing"
   exit 3
 fi
+echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURM_STEP_NODELIST running"  # in the pipe before task 1 can fail
 echo $$ > {pids}/$SLURM_PROCID.tmp && mv {pids}/$SLURM_PROCID.tmp {pids}/$SLURM_PROCID
-echo "task $SLURM_PROCID of $SLURM_NTASKS on $SLURM_STEP_NODELIST running"
 exec sleep 300
 '''
 

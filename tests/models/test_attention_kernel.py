@@ -52,6 +52,7 @@ def _routed(monkeypatch):
   return calls
 
 
+@pytest.mark.slow
 def test_the_decoder_takes_the_fused_path_only_without_a_cache(monkeypatch):
   calls = _routed(monkeypatch)
   cfg = llama.DecoderConfig.tiny(dtype="bfloat16")

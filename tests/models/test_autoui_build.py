@@ -92,6 +92,7 @@ def test_build_freezes_the_image_encoder_and_sizes_t5_from_the_decoder_block(tok
 
 @pytest.mark.parametrize("loss", [weighted_token_nll, sequence_nll(AUTOUI_PROB_CLAMP)],
                          ids=["token_nll", "digirl_sequence_nll"])
+@pytest.mark.slow
 def test_training_steps_lower_the_loss_and_leave_the_encoder_as_it_was(tmp_path, tokenizer, loss):
   config = _config()
   built = models.build(config, tokenizer)
@@ -113,6 +114,7 @@ def test_training_steps_lower_the_loss_and_leave_the_encoder_as_it_was(tmp_path,
   jax.tree.map(np.testing.assert_array_equal, encoder_before, encoder_after)
 
 
+@pytest.mark.slow
 def test_a_finetuned_workdir_reloads_and_acts_with_its_training_reply(tmp_path, tokenizer):
   """`pipeline.finetune` memorises one reply; the reloaded workdir's greedy policy writes it for every row of a
   padded batch, and the frozen encoder kept its initial weights through training and checkpointing."""

@@ -50,6 +50,7 @@ def test_rank_zero_adds_nothing_and_the_default_config_builds_the_plain_model():
   assert built.trainable is nnx.Param and built.lora is None
 
 
+@pytest.mark.slow
 def test_a_fresh_adapter_leaves_the_logits_and_merging_folds_it_in():
   model = llama.init_decoder(llama.DecoderConfig.tiny(), 0)
   base = model(IDS)
@@ -70,6 +71,7 @@ def test_a_fresh_adapter_leaves_the_logits_and_merging_folds_it_in():
   np.testing.assert_allclose(merged(IDS), adapted, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_vlm_projector_and_tower_targets():
   model, ids, images = _tiny_vlm()
   base = model(ids, images)
@@ -144,6 +146,7 @@ def test_lora_on_autoui_or_vlm_targets_on_a_decoder_are_refused():
   assert config_lib.vlm_model().lora.targets == models.DEFAULT_LORA_TARGETS
 
 
+@pytest.mark.slow
 def test_a_hf_checkpoint_starts_from_its_weights_with_fresh_adapters(tmp_path):
   from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
   dcfg = llama.DecoderConfig.tiny()
@@ -162,6 +165,7 @@ def test_a_hf_checkpoint_starts_from_its_weights_with_fresh_adapters(tmp_path):
   np.testing.assert_allclose(again(IDS), adapted(IDS), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_finetune_reloads_with_its_adapters_and_exports_merged_weights(tmp_path):
   """`pipeline.finetune` with LoRA → `load_policy` (adapters restored under the `wrt` filter) → `export_policy`
   (plain HF weights): our loader and `transformers` give the workdir's logits."""

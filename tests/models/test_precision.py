@@ -48,6 +48,7 @@ def _nll(logits, ids):
 
 
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+@pytest.mark.slow
 def test_bfloat16_stays_within_the_stated_tolerance_of_float32(param_dtype):
   ids = jax.random.randint(jax.random.key(1), (4, 64), 0, 256)
   reference = llama.init_decoder(llama.DecoderConfig.tiny(), 0)
@@ -71,6 +72,7 @@ def _backward(remat: str):
   return loss, state
 
 
+@pytest.mark.slow
 def test_remat_keeps_less_for_the_backward_pass_and_lowers_the_compiled_temp_bytes():
   kept = {}
   for name in ("none", "dots", "dots_no_batch", "full"):

@@ -2,6 +2,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 import transformers
 from flax import nnx
@@ -35,6 +36,7 @@ def _load(ref, cfg):
   return model
 
 
+@pytest.mark.slow
 def test_tower_matches_transformers_with_windows_and_two_images():
   torch.manual_seed(0)
   hf_cfg = transformers.Qwen2_5_VLConfig(vision_config=VISION).vision_config

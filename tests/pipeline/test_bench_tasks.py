@@ -18,6 +18,7 @@ def _config(**tasks):
                                               "level": 2, **tasks}})
 
 
+@pytest.mark.slow
 def test_the_bench_suite_writes_train_parts_the_headline_and_the_control(tmp_path):
   counts = tasks_lib.stage_tasks(_config(), str(tmp_path), "device")
   assert counts["test"] == 270 and counts["control"] == 8  # docs/benchmark.md: 270 headline intents on the phone

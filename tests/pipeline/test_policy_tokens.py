@@ -27,6 +27,7 @@ def _rescore(model, prompt_ids, reply_ids, temperature):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow
 def test_sampling_time_logprobs_equal_a_rescoring_of_the_same_tokens(loaded, temperature):
   policy = ModelPolicy(loaded, "webrl", temperature=temperature, max_tokens=24, seed=3)
   replies = policy.generate([("Click the button", []), ("Type your name into the box please", [])])
@@ -39,6 +40,7 @@ def test_sampling_time_logprobs_equal_a_rescoring_of_the_same_tokens(loaded, tem
                                                         temperature), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sample_logprobs_are_zero_when_greedy_and_the_temperature_one_logprobs_otherwise(loaded):
   ids = jnp.asarray(loaded.tokenizer("hello there")["input_ids"], jnp.int32)[None]
   mask = jnp.ones_like(ids, bool)
@@ -48,6 +50,7 @@ def test_sample_logprobs_are_zero_when_greedy_and_the_temperature_one_logprobs_o
   np.testing.assert_allclose(t1.sample_logprobs, t1.logprobs, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_weights_in_memory_change_the_replies_without_recompiling(loaded):
   policy = ModelPolicy(loaded, "webrl", temperature=0.0, max_tokens=16)
   before = policy.generate([("hello", [])])[0]

@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import ml_collections
+import pytest
 
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
@@ -59,6 +60,7 @@ def _task(i, **meta):
   return types.Task(id=f"t{i}", intent="win", site="fake", start_url=f"fake://{i}", max_steps=1, meta=meta)
 
 
+@pytest.mark.slow
 def test_errored_episodes_run_again_on_resume_up_to_the_budget(tmp_path):
   # t0's worker dies on its first 3 attempts (the pool's 1 + 2 retries): errored; it would succeed on a 4th.
   tasks = [_task(0, deaths=str(tmp_path / "d0"), times=3), _task(1)]
@@ -76,6 +78,7 @@ def test_errored_episodes_run_again_on_resume_up_to_the_budget(tmp_path):
   assert [t.task.id for t in rollout_lib.episodes(TrajectoryStore(store.path), errored=True)] == ["t0", "t1"]
 
 
+@pytest.mark.slow
 def test_an_episode_that_keeps_crashing_stops_after_the_budget(tmp_path):
   tasks = [_task(0, deaths=str(tmp_path / "d0"), times=10 ** 6)]
   store = TrajectoryStore(tmp_path / "store")

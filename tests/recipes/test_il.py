@@ -18,6 +18,8 @@ from jaxagent.train.metrics import read_jsonl
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.state import create_train_state
 
+pytestmark = pytest.mark.slow  # the module trains the IL stage once
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

@@ -44,6 +44,7 @@ def _alone(decoder, prompt, n):
       [GenerationRequest(prompt, max_tokens=n, temperature=0.0)])[0]
 
 
+@pytest.mark.slow
 def test_a_request_joins_a_running_decode(decoder, continuous):
   first_tokens = threading.Event()
   seen = []
@@ -69,6 +70,7 @@ def test_greedy_matches_the_batch_sampler_for_mixed_lengths(decoder, continuous)
   assert [f.result(60).text for f in futures] == [b.text for b in batch]
 
 
+@pytest.mark.slow
 def test_logprobs_are_the_models_own(decoder, continuous):
   result = continuous.submit(GenerationRequest(PROMPTS[0], max_tokens=8, temperature=1.0, echo=True, seed=3)
                              ).result(60)
@@ -84,6 +86,7 @@ def test_logprobs_are_the_models_own(decoder, continuous):
   assert top_ids[0] == int(np.argmax(logp[p - 1]))
 
 
+@pytest.mark.slow
 def test_choose_rows_applies_each_rows_settings():
   logits = jnp.asarray(np.random.RandomState(0).randn(4, 50).astype(np.float32))
   keys = jax.random.split(jax.random.key(0), 4)

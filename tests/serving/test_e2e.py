@@ -15,7 +15,7 @@ from jaxagent.judges import llm
 from jaxagent.policies import OpenAIPolicy, OpenAIPolicyConfig
 from jaxagent.rl.collector import collect
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

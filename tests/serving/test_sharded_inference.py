@@ -33,6 +33,7 @@ def _requests(kind: str) -> list[GenerationRequest]:
 
 
 @pytest.mark.parametrize("kind", ["decoder", "vlm"])
+@pytest.mark.slow
 def test_a_placed_policy_generates_what_one_device_does(kind):
   policy = random_policy(kind)
   mesh = sharding.local_mesh(MESH)

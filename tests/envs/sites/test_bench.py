@@ -128,10 +128,11 @@ def test_every_task_validates(device_suite):
 
 
 def test_generating_every_split_is_fast():
-  start = time.perf_counter()
+  """In this process's CPU time: the suite's other workers share the cores, and wall time would count them."""
+  start = time.process_time()
   for profile in bench.PROFILES:
     bench.generate(SEED, profile, 2)
-  assert time.perf_counter() - start <= 10.0
+  assert time.process_time() - start <= 10.0
 
 
 @pytest.mark.parametrize("spec, error", [

@@ -16,6 +16,7 @@ def site():
     yield s.base_url
 
 
+@pytest.mark.slow
 def test_an_episode_after_a_purchase_starts_on_an_empty_cart_with_no_orders(site):
   task = next(t for t in bench.tasks_for("web/test_iid@2/buy") if t.meta["perturb"].get("level"))
   policy = expert.ScriptedExpert("webrl")

@@ -187,6 +187,7 @@ def test_expert_solves_every_family_in_the_text_backend(site):
         assert evaluators.evaluate(task, traj).success == 1.0, (task.id, [s.action_text for s in traj.steps])
 
 
+@pytest.mark.slow
 def test_a_fast_lane_episode_matches_chromium(chrome, site):
   seen: set[str] = set()
   task = bench.tasks_for("web/test_iid@2/buy")[0]

@@ -81,6 +81,7 @@ def tiny_llama():
   return model.eval(), cfg
 
 
+@pytest.mark.slow
 def test_synthetic_gguf_matches_its_hf_model(tiny_llama, tmp_path):
   hf_model, cfg = tiny_llama
   _write_gguf(hf_model, cfg, tmp_path / "tiny.gguf")

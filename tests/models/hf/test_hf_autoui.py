@@ -85,6 +85,7 @@ def _rel(ours, theirs):
   return float(np.max(np.abs(np.asarray(ours) - theirs)) / np.max(np.abs(theirs)))
 
 
+@pytest.mark.slow
 def test_fused_memory_and_logits_match_the_original(ckpt):
   ref, path = ckpt
   model, cfg = hf_autoui.load_pretrained(path)

@@ -69,6 +69,7 @@ def test_logits_match_transformers_with_one_and_two_images(ckpt):
     assert _rel(ours, _hf_logits(hf_model, ids, pixels)) < REL_TOL
 
 
+@pytest.mark.slow
 def test_connector_features_match_transformers(ckpt):
   hf_model, path = ckpt
   model, _ = hf_idefics2.load_pretrained(path)
@@ -79,6 +80,7 @@ def test_connector_features_match_transformers(ckpt):
   assert _rel(ours, torch.cat(list(want)).numpy()) < REL_TOL
 
 
+@pytest.mark.slow
 def test_smaller_images_bucket_their_positions_as_transformers(ckpt):
   """21-pixel images (3x3 patches) on the 4x4 position table: HF's fractional buckets, rows 0, 1, 2."""
   hf_model, path = ckpt

@@ -87,6 +87,7 @@ def _rel_err(ours, ref, mask):
   return float(np.max(np.abs(ours - ref)[mask]) / np.max(np.abs(ref)[mask]))
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_with_padding(hf_case):
   name, hf_model, _, model, cfg = hf_case
   ids, mask, positions = _batch(cfg.vocab_size)
@@ -151,6 +152,7 @@ def test_missing_unexpected_or_misshaped_tensor_is_named(llama_case, tmp_path):
     hf_llama.load_pretrained(tmp_path / "extra")
 
 
+@pytest.mark.slow
 def test_sharded_load_on_8_devices_follows_rules_keeps_logits_and_samples(llama_case):
   _, _, path, model, cfg = llama_case
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})

@@ -79,6 +79,7 @@ def test_config_reads_both_layouts(ours):
   assert hf_qwen2_vl.config_from_hf(flat) == cfg
 
 
+@pytest.mark.slow
 def test_image_features_match_visual(hf_model, ours):
   ref, model = hf_model[0], ours[0]
   pixels = _pixels(GRIDS)
@@ -103,6 +104,7 @@ def test_rope_index_matches_hf(hf_model):
 
 
 @pytest.mark.parametrize("n_images", [1, 2])
+@pytest.mark.slow
 def test_logits_match(hf_model, ours, n_images):
   grids = GRIDS[:n_images]
   ids, pixels = _prompt(grids), _pixels(grids, seed=n_images)
@@ -114,6 +116,7 @@ def test_logits_match(hf_model, ours, n_images):
   assert err < 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_generate_matches_hf(hf_model, ours):
   ids, pixels = _prompt(GRIDS), _pixels(GRIDS, seed=3)
   with torch.no_grad():
@@ -162,6 +165,7 @@ def test_export_round_trips_to_transformers(hf_model, ours, tmp_path):
   assert _rel(_hf_logits(back, ids, pixels, GRIDS), _hf_logits(hf_model[0], ids, pixels, GRIDS)) < 1e-6
 
 
+@pytest.mark.slow
 def test_left_padded_batch_matches_hf(hf_model, ours):
   """Two rows of different lengths, each with its own image, left-padded: positions skip the padding."""
   rows = [_prompt(GRIDS[:1])[0], _prompt(GRIDS[1:])[0]]

@@ -296,6 +296,7 @@ def test_llava_loads_onto_an_8_device_mesh(llava_ckpt):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_llava_from_pretrained_parts_joins_a_tower_and_a_decoder(clip_ckpt, tmp_path):
   """LLaVA's stage-1 start: pretrained CLIP + pretrained Llama + fresh projector; exports as a LLaVA."""
   hf_tower, tower_path = clip_ckpt

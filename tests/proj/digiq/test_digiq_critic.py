@@ -218,6 +218,7 @@ def test_best_of_n_weights_from_the_critic(model):
   np.testing.assert_array_equal(w, (np.clip(adv2, 0, 1) > 0).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_td_training_with_a_target_network_recovers_discounted_values(model):
   """A two-step chain s0 -(r=0)-> s1 -(r=1, done)-> end: the §5.4 fixed point is Q(s1)=V(s1)=1 and
   Q(s0)=V(s0)=γ. Adam on td_loss with a Polyak-averaged target (τ = 0.1 every step) must reach it."""
@@ -286,6 +287,7 @@ def test_bag_of_words_sums_word_embeddings_without_trigrams():
     C.CriticConfig(point_octaves=-1)
 
 
+@pytest.mark.slow
 def test_point_features_reach_q_not_v():
   cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8, point_octaves=3)
   assert cfg.q_in == C.CriticConfig.tiny(image_dim=8, rep_dim=8).q_in + 2 * 25

@@ -77,6 +77,7 @@ def _check(enc, screen, out, greedy):
   return counts
 
 
+@pytest.mark.slow
 def test_generated_greedy_equals_the_uncached_reference_with_eos_stops(policy, screen):
   free = represent.Encoder(policy, batch=4, max_new_tokens=N, temperature=0.0, eos_ids=()).answers(
       [screen] * len(ACTIONS), ACTIONS)
@@ -117,6 +118,7 @@ def test_generated_sampled_is_the_default_and_is_seeded_per_pair(policy, screen)
   assert not np.array_equal(hot[0], hot[1])
 
 
+@pytest.mark.slow
 def test_prompt_last_is_the_state_at_the_last_prompt_token(policy, screen):
   enc = represent.Encoder(policy, batch=4, readout="prompt_last")
   out = enc.answers([screen] * len(ACTIONS), ACTIONS)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxagent.proj.webrl import critic
@@ -82,6 +83,7 @@ def _config(steps):
   return stage_config(c, c.critic)
 
 
+@pytest.mark.slow
 def test_train_separates_a_toy_problem_and_restores(tmp_path):
   rng = np.random.default_rng(0)
   n, d = 128, 16

@@ -133,6 +133,7 @@ def _hand_p_yes(loaded, traj):
   return e[0] / e.sum()
 
 
+@pytest.mark.slow
 def test_probabilities_are_the_softmax_of_yes_and_no_where_the_replies_part(loaded):
   trajs = [_traj(), _traj(htmls=HTMLS[:1], replies=REPLIES[:1], intent="Open the wiki")]
   p = orm.probabilities(loaded, trajs, batch=2)
