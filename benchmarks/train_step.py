@@ -5,15 +5,20 @@ AdamW with clipping) at the same batch and sequence length, the ratio ours / PyT
 analytic model FLOPs (`train.mfu`) / step time / the matmul rate measured on this machine in this run
 (target ≥ 35% for ~100M).
 
-  python benchmarks/train_step.py --json /tmp/train_step.json [--steps 3] [--only tiny]
+  python benchmarks/train_step.py --json /tmp/train_step.json [--steps 3] [--only tiny] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
 import json
 import os
 import platform
+import re
+import tempfile
 import time
 
 import jax
@@ -58,7 +63,46 @@ def _time(fn, steps: int) -> float:
   return (time.perf_counter() - t0) / steps
 
 
-def bench_ours(cfg, ids, steps):
+def _category(shape: tuple[int, ...], cfg, seq: int) -> str:
+  """Which part of the step an op's output belongs to, read off its shape."""
+  if len(shape) >= 4 and shape[-1] == seq and shape[-2] % seq == 0:  # [B, K, (G,) T or G*T, T]
+    return "attention scores / probabilities"
+  if cfg.vocab_size in shape:
+    return "logits and loss"
+  if len(shape) >= 4 and cfg.head_dim in shape:
+    return "per-head q / k / v / context"
+  if shape and shape[-1] == cfg.intermediate_size:
+    return "MLP activations"
+  if shape and shape[-1] == cfg.hidden_size:
+    return "hidden states, projections, norms"
+  return "other (optimizer, small)"
+
+
+def profile_ours(one, compiled_text: str, cfg, seq: int, steps: int = 5) -> dict:
+  """Per-op time of `steps` steps from a `jax.profiler` trace, grouped by what each op's output shape says it
+  computes (XLA:CPU records one event per op)."""
+  shapes = {m.group(1): tuple(int(d) for d in m.group(2).split(",") if d)
+            for m in re.finditer(r"\n\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]", compiled_text)}
+  with tempfile.TemporaryDirectory() as d:
+    jax.profiler.start_trace(d, create_perfetto_trace=True)
+    for _ in range(steps):
+      one()
+    jax.profiler.stop_trace()
+    with gzip.open(glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)[0]) as f:
+      events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  per_op = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e["name"] in shapes:
+      per_op[e["name"]] += e["dur"] / steps / 1e3
+  by_part = collections.Counter()
+  for name, ms in per_op.items():
+    by_part[_category(shapes[name], cfg, seq)] += ms
+  return {"ms_per_step_by_part": dict(by_part.most_common()),
+          "slowest_ops_ms": {f"{n} {list(shapes[n])}": round(ms, 3) for n, ms in per_op.most_common(10)}}
+
+
+def bench_ours(cfg, ids, steps, profile=False):
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
   tx, schedule = make_optimizer(Optim, 100)
   ts = create_train_state(lambda: init_decoder(cfg, 0), tx, mesh)
@@ -73,7 +117,12 @@ def bench_ours(cfg, ids, steps):
       holder["state"], metrics = step(holder["state"], device_batch, rng)
     jax.block_until_ready(metrics["loss"])
 
-  return _time(one, steps)
+  t = _time(one, steps)
+  if not profile:
+    return t, None
+  with jax.set_mesh(mesh):
+    text = step.lower(holder["state"], device_batch, rng).compile().as_text()
+  return t, profile_ours(one, text, cfg, ids.shape[1] - 1)
 
 
 def bench_torch(cfg, ids, steps):
@@ -101,6 +150,7 @@ def main():
   parser.add_argument("--json", required=True, help="where to write the figures")
   parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement (after 2 warm-up)")
   parser.add_argument("--only", choices=sorted(CONFIGS), default=None)
+  parser.add_argument("--profile", action="store_true", help="also where our step's time goes, by part and op")
   args = parser.parse_args()
 
   import torch  # pylint: disable=g-import-not-at-top
@@ -117,18 +167,24 @@ def main():
     ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (batch, seq + 1)).astype(np.int32)
     tokens = batch * seq
     flops = mfu.decoder_flops_per_token(cfg, seq) * tokens
-    t_ours = bench_ours(cfg, ids, args.steps)
+    t_ours, breakdown = bench_ours(cfg, ids, args.steps, args.profile)
     t_torch = bench_torch(cfg, ids, args.steps)
     row = {"params": cfg.num_params, "batch": batch, "seq": seq,
            "ours_tokens_per_s": tokens / t_ours, "torch_tokens_per_s": tokens / t_torch,
            "ratio_ours_over_torch": t_torch / t_ours,
            "ours_mfu_vs_measured_matmul": flops / t_ours / peak, "torch_mfu_vs_measured_matmul": flops / t_torch / peak,
            "ours_step_s": t_ours, "torch_step_s": t_torch}
+    if breakdown:
+      row["ours_profile"] = breakdown
     out["configs"][name] = row
     print(f"{name:>5} ({cfg.num_params / 1e6:.1f}M params, batch {batch}x{seq}): ours {row['ours_tokens_per_s']:.0f} "
           f"tok/s, transformers {row['torch_tokens_per_s']:.0f} tok/s, ratio {row['ratio_ours_over_torch']:.2f}x; "
           f"MFU ours {row['ours_mfu_vs_measured_matmul']:.1%} / torch {row['torch_mfu_vs_measured_matmul']:.1%} "
           f"of {peak / 1e9:.1f} GFLOP/s measured")
+    if breakdown:
+      total = sum(breakdown["ms_per_step_by_part"].values())
+      print(f"  ours, {total:.1f} ms of op time a step: " + ", ".join(
+          f"{part} {ms:.1f} ({ms / total:.0%})" for part, ms in breakdown["ms_per_step_by_part"].items()))
   out["machine"]["load_avg_at_end"] = os.getloadavg()
   with open(args.json, "w") as f:
     json.dump(out, f, indent=2)
