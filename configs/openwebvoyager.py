@@ -53,6 +53,11 @@ def get_config(arg=None):
   # 8 categories × 3 sort orders: 16 pairs in train, 8 in test, every category and order seen in train.
   c.tasks.templates = "shop_category_sort"  # "" = every web-profile family
   c.tasks.max_steps = 6  # OpenWebVoyager's max_iter is 15 (paper variant); the expert needs 4 here
+  # sites | bench (the sites benchmark, docs/benchmark.md: IL queries from train_a, exploration from train_c, the
+  # test episodes the headline's held-out intents, the negative control reported beside them; `templates` then
+  # names benchmark families, "" = all, `level` the perturbation level, each family its own step cap)
+  c.tasks.suite = "sites"
+  c.tasks.level = 2
 
   c.env = config_lib.env_block(workers=4)
 

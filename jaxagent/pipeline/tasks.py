@@ -86,6 +86,12 @@ def stage_tasks(config, out: str, profile: str) -> dict:
 
 
 def bench_tasks(config, out: str, profile: str) -> dict:
+  """`bench_splits` written to `out`, one JSON task a line per split; returns each split's count."""
+  splits = bench_splits(config, profile)
+  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in splits.items()}
+
+
+def bench_splits(config, profile: str) -> dict[str, list[types.Task]]:
   """The sites benchmark's splits (`envs/sites/bench.py`, `docs/benchmark.md`) for `profile` at perturbation level
   `config.tasks.level`, families `config.tasks.templates` ("" = all), world `config.tasks.seed`; each family's
   own step cap. `train_a` (demonstrations), `train_b` (offline, behaviour and ORM data), `train_c` (online rounds,
@@ -99,7 +105,7 @@ def bench_tasks(config, out: str, profile: str) -> dict:
   splits["train"] = [t for s in bench.TRAIN_SPLITS for t in made[s]]
   splits["test"] = bench.headline(made)
   splits["control"] = [t for t in made["test_comb"] if t.meta.get("family") == bench.CONTROL]
-  return {split: write_tasks(os.path.join(out, f"{split}.jsonl"), tasks) for split, tasks in splits.items()}
+  return splits
 
 
 def check_split_keys(config, keys: Sequence[str]) -> None:

@@ -31,10 +31,10 @@ from jaxagent.judges import programmatic
 from jaxagent.pipeline import async_collect, rollout
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
-from jaxagent.pipeline.evaluate import evaluate_actors, write_results
+from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.policy import load_actor
 from jaxagent.pipeline.stages import Stages
-from jaxagent.pipeline.tasks import disjoint_sets, read_tasks, success_rate, write_tasks
+from jaxagent.pipeline.tasks import bench_splits, disjoint_sets, read_tasks, success_rate, write_tasks
 from jaxagent.policies import OpenAIPolicy
 from jaxagent.proj.owv import data, explore
 from jaxagent.train.metrics import MetricWriter
@@ -86,12 +86,20 @@ def run(config, workdir: str) -> dict:
 
 
 def stage_tasks(config, out):
-  suites = sites.select(config.tasks.seed, "web", config.tasks.templates, config.tasks.max_steps)
-  sizes = {"il": int(config.il.queries),
-           **{f"iter{k}": int(config.explore.queries) for k in range(1, int(config.iterations) + 1)}}
-  sets = disjoint_sets(suites["train"], sizes, int(config.seed))
-  episodes = int(config.eval.episodes) if int(config.eval.episodes) > 0 else len(suites["test"])  # 0: each once
-  sets["test"] = disjoint_sets(suites["test"], {"test": episodes}, int(config.eval.seed))["test"]
+  """The IL queries, each iteration's exploration queries and the test episodes, from the train split's one seeded
+  shuffle; on the benchmark (`tasks.suite=bench`) the IL queries from `train_a` and the exploration queries from
+  `train_c`, with the benchmark's splits written beside them (`control`: the negative control)."""
+  iterations = {f"iter{k}": int(config.explore.queries) for k in range(1, int(config.iterations) + 1)}
+  if config.tasks.suite == "bench":
+    splits = bench_splits(config, "web")
+    sets = {**disjoint_sets(splits["train_a"], {"il": int(config.il.queries)}, int(config.seed)),
+            **disjoint_sets(splits["train_c"], iterations, int(config.seed))}
+    sets.update((name, tasks) for name, tasks in splits.items() if name != "test")
+  else:
+    splits = sites.select(config.tasks.seed, "web", config.tasks.templates, config.tasks.max_steps)
+    sets = disjoint_sets(splits["train"], {"il": int(config.il.queries), **iterations}, int(config.seed))
+  episodes = int(config.eval.episodes) if int(config.eval.episodes) > 0 else len(splits["test"])  # 0: each once
+  sets["test"] = disjoint_sets(splits["test"], {"test": episodes}, int(config.eval.seed))["test"]
   return {name: write_tasks(os.path.join(out, f"{name}.jsonl"), tasks) for name, tasks in sets.items()}
 
 
@@ -163,8 +171,12 @@ def stage_eval(config, workdir, out, k):
       more["miniwob_success_rate"] = _eval_miniwob(config, out, policy)
     return more
 
-  r = evaluate_actors(config, {"test": _policy_dir(workdir, k)}, _queries(workdir, "test"), out,
-                      env_spec=env_spec(config), judge=_judge(config), extra=extra)["test"]
+  actor = {"test": _policy_dir(workdir, k)}
+  r = evaluate_actors(config, actor, _queries(workdir, "test"), out, env_spec=env_spec(config),
+                      judge=_judge(config), extra=extra)["test"]
+  control = evaluate_control(config, actor, workdir, out, env_spec=env_spec(config), judge=_judge(config))
+  if control:  # the benchmark's negative control, which no iteration should move
+    r["control_success_rate"] = control["control"]["test"]["success_rate"]
   return {"test_success_rate": r.pop("success_rate"), **r}
 
 
@@ -190,6 +202,8 @@ def collect_results(config, summaries: dict) -> dict:
     ev = summaries[f"{name}/eval"]
     row = {"stage": name, "test_success_rate": ev["test_success_rate"], "episodes": ev["episodes"],
            "miniwob_success_rate": ev.get("miniwob_success_rate")}
+    if "control_success_rate" in ev:  # the benchmark's negative control
+      row["control_success_rate"] = ev["control_success_rate"]
     if k:
       ex = summaries[f"iter{k}/explore"]
       row.update(explore_solved_rate=ex["solved_rate"], explore_first_attempt_rate=ex["first_attempt_rate"],

@@ -313,3 +313,23 @@ def test_released_folders_convert_finished_tasks_only(tmp_path):
   assert items[0]["conversations"][0]["value"] == "Find the lamp.\nOBSERVATION:\n<image>\n[1] RootWebArea 'page 1'"
   assert items[1]["conversations"][2]["value"] == "OBSERVATION:\n<image>\n[1] RootWebArea 'page 2'"
   assert all(os.path.exists(p) for x in items for p in x["images"]) and len(items[1]["images"]) == 2
+
+
+def test_on_the_benchmark_il_comes_from_train_a_exploration_from_train_c_and_test_is_the_headline(tmp_path):
+  """`tasks.suite=bench` (web profile): the IL queries from `train_a`, each iteration's from `train_c`, every
+  held-out headline intent once as `test`, the negative control written beside them; no test intent trains."""
+  from configs import openwebvoyager as owv_config  # pylint: disable=g-import-not-at-top
+  config = owv_config.get_config("")
+  config.tasks.update(suite="bench", templates="cart,order", level=2)
+  config.il.queries, config.explore.queries, config.iterations = 5, 3, 2
+  counts = openwebvoyager.stage_tasks(config, str(tmp_path))
+  split = {name: read_tasks(os.path.join(tmp_path, f"{name}.jsonl"))
+           for name in ("il", "iter1", "iter2", "train_a", "train_c", "test", "control")}
+  intents = {name: {t.meta["intent_id"] for t in ts} for name, ts in split.items()}
+  assert counts["il"] == 5 and counts["iter1"] == counts["iter2"] == 3
+  assert intents["il"] <= intents["train_a"] and intents["iter1"] | intents["iter2"] <= intents["train_c"]
+  assert not intents["iter1"] & intents["iter2"]  # one shuffle, cut in order
+  assert not intents["test"] & (intents["il"] | intents["iter1"] | intents["iter2"])
+  assert len(split["test"]) == len(intents["test"]) and {t.meta["family"] for t in split["test"]} == {"cart"}
+  assert {t.meta["family"] for t in split["control"]} == {"order"}
+  assert all(t.meta["perturb"]["level"] == 2 for t in split["test"])
