@@ -204,8 +204,8 @@ def decode(cfg: llama.DecoderConfig, batch: int, prompt_len: int, new_tokens: in
   ours_s = _best(lambda: jax.block_until_ready(sampler.sample(model, ids_j, mask_j, config)), repeats)
   pad = sampler.decode_pad_rows(batch)
   if pad:  # the same decode without the padded row, for the ratio it buys
-    unpadded_s = _best(lambda: jax.block_until_ready(sampler._sample_jit(  # pylint: disable=protected-access
-        model, ids_j, None, mask_j, jax.random.key(0), jnp.float32(0.0), config, 0)), repeats)
+    unpadded_s = _best(lambda: jax.block_until_ready(sampler.sample(model, ids_j, mask_j, config, pad_rows=0)),
+                       repeats)
   kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
   step_bytes = 2 * cfg.num_params + batch * kv_per_token * (prompt_len + new_tokens / 2)
   row = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "ours_s": ours_s,

@@ -161,11 +161,13 @@ _sample_jit = jax.jit(_sample, static_argnames=("config", "pad_rows"))
 
 
 def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: SamplingConfig = SamplingConfig(),
-           *, rng: jax.Array | None = None, prompt_embeds: jax.Array | None = None) -> SampleOutput:
+           *, rng: jax.Array | None = None, prompt_embeds: jax.Array | None = None,
+           pad_rows: int | None = None) -> SampleOutput:
   """Generate up to `config.max_new_tokens` for each row of a padded prompt batch (see module docstring).
 
   prompt_ids [B, T] int (or `prompt_embeds` [B, T, E] for a VLM's merged prompt); prompt_mask [B, T] bool.
   The cache holds T + max_new_tokens slots. Callable inside an outer `jax.jit` too (`config` static).
+  `pad_rows`: discarded rows the decode loop adds (default `decode_pad_rows(B)`; no output changes with it).
   """
   if (prompt_ids is None) == (prompt_embeds is None):
     raise ValueError("sample: pass exactly one of prompt_ids or prompt_embeds")
@@ -177,8 +179,8 @@ def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: 
   # The temperature is traced (one compilation serves every positive temperature); only greedy vs sampled is
   # static, so the static config carries 0 or 1.
   static = dataclasses.replace(config, temperature=float(config.temperature > 0))
-  return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, jnp.float32(config.temperature), static,
-                     decode_pad_rows(prompt_mask.shape[0]))
+  pad_rows = decode_pad_rows(prompt_mask.shape[0]) if pad_rows is None else int(pad_rows)
+  return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, jnp.float32(config.temperature), static, pad_rows)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -171,10 +171,9 @@ def stage_eval(config, workdir, out, k):
       more["miniwob_success_rate"] = _eval_miniwob(config, out, policy)
     return more
 
-  actor = {"test": _policy_dir(workdir, k)}
-  r = evaluate_actors(config, actor, _queries(workdir, "test"), out, env_spec=env_spec(config),
-                      judge=_judge(config), extra=extra)["test"]
-  control = evaluate_control(config, actor, workdir, out, env_spec=env_spec(config), judge=_judge(config))
+  actor, options = {"test": _policy_dir(workdir, k)}, dict(env_spec=env_spec(config), judge=_judge(config))
+  r = evaluate_actors(config, actor, _queries(workdir, "test"), out, extra=extra, **options)["test"]
+  control = evaluate_control(config, actor, workdir, out, **options)
   if control:  # the benchmark's negative control, which no iteration should move
     r["control_success_rate"] = control["control"]["test"]["success_rate"]
   return {"test_success_rate": r.pop("success_rate"), **r}

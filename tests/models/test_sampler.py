@@ -125,9 +125,8 @@ def test_a_padded_decode_row_changes_nothing(model, prompts, temperature):
   sampled draws as they are without it."""
   ids, mask = prompts
   one, one_mask = ids[1:2], mask[1:2]
-  config = sampler.SamplingConfig(max_new_tokens=N, temperature=1.0 if temperature else 0.0, top_k=20, pad_id=1)
-  run = lambda pad, c: sampler._sample_jit(model, one, None, one_mask, jax.random.key(5),  # pylint: disable=protected-access
-                                           jnp.float32(temperature), c, pad)
+  config = sampler.SamplingConfig(max_new_tokens=N, temperature=temperature, top_k=20, pad_id=1)
+  run = lambda pad, c: sampler.sample(model, one, one_mask, c, rng=jax.random.key(5), pad_rows=pad)
   free = np.asarray(run(0, config).tokens)[0]
   config = dataclasses.replace(config, eos_ids=(int(free[N // 2]),))  # a row that stops half-way
   plain, padded = run(0, config), run(1, config)
