@@ -174,8 +174,25 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
+def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, block_rows: int = 64,
+                           max_blocks: int = 8) -> jax.Array:
+  """`dot_product_attention` for a mask causal in slot order over the input itself (no cache), with the query
+  rows in blocks, each against the keys up to its own last row: the scores of the blocks above the diagonal, all
+  masked, are never computed (at 5 blocks 40 % fewer). The same result, as those keys carry no weight; on the
+  2-core CPU the tiny decoder's train step is ~1.2x faster (benchmarks/train_step.py)."""
+  t = q.shape[1]
+  rows = max(block_rows, -(-t // max_blocks))
+  if t != k.shape[1] or t <= rows:
+    return dot_product_attention(q, k, v, mask)
+  outs = []
+  for start in range(0, t, rows):
+    end = min(t, start + rows)
+    outs.append(dot_product_attention(q[:, start:end], k[:, :end], v[:, :end], mask[:, :, start:end, :end]))
+  return jnp.concatenate(outs, axis=1)
+
+
 # How a decoder's training and scoring forward pass computes attention (`config.model.attention`): "xla" is
-# `dot_product_attention` above; "cudnn" is cuDNN's fused flash-attention kernel through
+# `causal_block_attention` above; "cudnn" is cuDNN's fused flash-attention kernel through
 # `jax.nn.dot_product_attention` (GPU only, bf16/fp16), ~5x faster forward + backward on an H200 at 1B scale
 # (benchmarks/accelerator.py). Decoding with a KV cache always takes the XLA path.
 ATTENTION_IMPLS = ("xla", "cudnn")

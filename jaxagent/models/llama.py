@@ -232,6 +232,8 @@ class Attention(nnx.Module):
       kv = (k, v)
     if kv is None and self.attention != "xla":
       out = layers.fused_causal_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn(), self.attention)
+    elif kv is None:
+      out = layers.causal_block_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
     else:
       out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
     return self.o_proj(layers.shard_heads(out)), kv

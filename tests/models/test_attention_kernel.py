@@ -41,6 +41,31 @@ def test_the_fused_path_keeps_the_contract_of_ours_with_padding_and_a_window(win
   assert np.isfinite(np.asarray(got)).all()  # a query with no visible key (left padding) stays finite
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_query_blocks_against_their_key_prefix_give_the_full_attention_and_its_gradients(window):
+  t = 150  # blocks of 64, 64 and 22 rows
+  q, k, v = _qkv(t=t)
+  valid = jnp.array([[True] * t, [True] * 100 + [False] * 50, [False] * 7 + [True] * 143])
+  slots = jnp.broadcast_to(jnp.arange(t), (3, t))
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  mask = layers.attention_mask(slots, slots, valid, positions, positions, window)
+  real = np.asarray(jnp.any(mask[:, 0], -1))[:, :, None, None]  # rows with a visible key (not left padding)
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(jnp.where(real, fn(q, k, v, mask), 0.0) ** 2)
+
+  want = layers.dot_product_attention(q, k, v, mask)
+  got = layers.causal_block_attention(q, k, v, mask)
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=1e-5)
+  for g, w in zip(jax.grad(loss(layers.causal_block_attention), (0, 1, 2))(q, k, v),
+                  jax.grad(loss(layers.dot_product_attention), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, w, atol=1e-4)
+  short = _qkv(t=12)  # one block: the plain path
+  short_mask = layers.attention_mask(slots[:, :12], slots[:, :12], valid[:, :12])
+  np.testing.assert_array_equal(layers.causal_block_attention(*short, short_mask),
+                                layers.dot_product_attention(*short, short_mask))
+
+
 def _routed(monkeypatch):
   calls, original = [], layers.fused_causal_attention
 
