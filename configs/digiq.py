@@ -8,9 +8,9 @@ of the bundled sites (open Shop, accept cookies, tap a category, tap one of four
 scratch, N = 4 candidates per state. Its 32 (category, order) pairs fall in a Latin square: the scripted expert
 demonstrates the 24 train pairs (three orders per category), the IL actor's judged attempts at part `train_b` (8 of
 them) are the offline data, and the evaluation's episodes are the 8 `test` pairs, whose intents are in neither.
-Behaviour, IL, Filtered BC and Digi-Q are evaluated on them; `--seeds=0,1,2` repeats the whole run per global
-seed for the protocol's headline. `--config.demos.split=train_a` leaves part b undemonstrated (the IL start then
-solves 3 % of it). Figures and each departure from the original code: docs/results/digiq.md.
+Behaviour, IL, Filtered BC and Digi-Q each play every one of them once (`eval.episodes=0`); `--seeds=0,1,2`
+repeats the whole run per global seed for the protocol's headline. `--config.demos.split=train_a` leaves part b
+undemonstrated (the IL start then solves 3 % of it). Figures and each departure from the original code: docs/results/digiq.md.
 
 `--config.model.kind=autoui`: the original's encoder-decoder actor (T5 over a frozen image encoder's pooled
 feature); the representation model is then a VLM of its own (`representation.hf_checkpoint`, else a tiny one from
@@ -124,9 +124,10 @@ def get_config(arg=None):
   # (docs/results/digiq.md#actor-normalize).
   c.actor.normalize = "all_states"
 
-  # episodes drawn from the test split (0 = each test task once: the benchmark's protocol); with tasks.suite=bench
+  # episodes drawn from the test split: 0 = each held-out intent once per policy, the protocol (repeating the
+  # episodes of 8 intents is not a larger sample; the figures before 2026-11-27 drew 100); with tasks.suite=bench
   # the negative control's intents are evaluated too, each once
-  c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=0.8, seed=1))
+  c.eval = ml_collections.ConfigDict(dict(episodes=0, temperature=0.8, seed=1))
 
   c.checkpoint.every = 100
   c.checkpoint.async_save = False  # the next stage reloads each checkpoint at once

@@ -131,7 +131,9 @@ def test_the_default_evaluates_on_intents_in_no_training_data(tmp_path):
   demos = draw_episodes(device.suite(workdir, config.demos.split), config.demos.episodes, config.seed, "demo")
   behaviour = digiq.behaviour_episodes(config, workdir)
   evaluation = digiq.test_episodes(config, workdir)
-  assert len(evaluation) >= 100 and len(behaviour) == config.behaviour.episodes
+  test_intents = [t.intent for t in device.suite(workdir, "test")]
+  assert sorted(t.intent for t in evaluation) == sorted(test_intents)  # each held-out intent once
+  assert len(behaviour) == config.behaviour.episodes
   train_intents = {t.intent for t in demos} | {t.intent for t in behaviour}
   assert not {t.intent for t in evaluation} & train_intents
   config.demos.split = "train_a"  # part b undemonstrated: still held out
