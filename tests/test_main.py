@@ -132,3 +132,24 @@ def test_the_slurm_coordinator_listens_on_the_first_node_only_not_every_interfac
   assert out.returncode == 0, out.stderr[-2000:]
   ips = [ipaddress.ip_address(ip) for ip in ast.literal_eval(out.stdout.strip().splitlines()[-1])]
   assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), ips  # not [::]
+
+
+def test_a_run_compiles_into_a_persistent_cache_the_environment_can_move_or_turn_off(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  saved = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+  try:
+    assert main.use_compilation_cache({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "jaxagent" / "xla")
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jaxagent" / "xla")
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.2
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    mine = str(tmp_path / "mine")
+    assert main.use_compilation_cache({"JAX_COMPILATION_CACHE_DIR": mine,
+                                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1.0"}) == mine
+    assert jax.config.jax_compilation_cache_dir == mine
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0  # the user's threshold stands
+    jax.config.update("jax_compilation_cache_dir", saved[0])
+    assert main.use_compilation_cache({"JAX_ENABLE_COMPILATION_CACHE": "false"}) is None
+    assert jax.config.jax_compilation_cache_dir == saved[0]
+  finally:
+    jax.config.update("jax_compilation_cache_dir", saved[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
