@@ -74,6 +74,16 @@ def say(line: str) -> None:
   sys.stdout.flush()
 
 
+def brief(value: Any, max_items: int = 12) -> Any:
+  """`value` for a log line: a dict or list longer than `max_items` (an evaluation's per-episode outcomes) becomes
+  "<N entries>"; the full summary is in the stage's DONE file."""
+  if isinstance(value, dict):
+    return f"<{len(value)} entries>" if len(value) > max_items else {k: brief(v, max_items) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return f"<{len(value)} entries>" if len(value) > max_items else [brief(v, max_items) for v in value]
+  return value
+
+
 class Stages:
   """The stage runner of one recipe run: `summary = stages.run(name, fn)` calls `fn(stage_dir)` unless the
   stage is DONE, and returns its summary (a JSON-able dict) either way."""
@@ -109,7 +119,7 @@ class Stages:
       write_json(self.timings_path, self.times)
       write_json(os.path.join(out, DONE), summary)
     distributed.barrier(f"{self.tag}/{name}: recorded")  # no process reads the marker before it is written
-    say(f"[{self.tag}] {name}: {json.dumps(summary)}")
+    say(f"[{self.tag}] {name}: {json.dumps(brief(summary))}")
     return summary
 
   def _drift(self, out: str) -> str:

@@ -72,3 +72,12 @@ def test_each_stage_line_is_written_whole_with_its_newline(tmp_path, monkeypatch
   Stages(str(tmp_path), "t").run("s", lambda out: {"n": 1})
   Stages(str(tmp_path), "t").run("s", lambda out: {"n": 2})
   assert recorder.writes == ["[t] s ...\n", '[t] s: {"n": 1}\n', "[t] s: done already, skipped\n"]
+
+
+def test_a_stage_line_shortens_long_collections_and_the_done_file_keeps_them(tmp_path, capsys):
+  outcomes = {f"task{i}": float(i % 2) for i in range(270)}
+  summary = {"il": {"success_rate": 0.5, "outcomes": outcomes}, "steps": list(range(3))}
+  assert Stages(str(tmp_path), "t").run("eval", lambda out: summary) == summary
+  line = capsys.readouterr().out.splitlines()[-1]
+  assert line == '[t] eval: {"il": {"success_rate": 0.5, "outcomes": "<270 entries>"}, "steps": [0, 1, 2]}'
+  assert Stages(str(tmp_path), "t").run("eval", lambda out: {}) == summary  # read back whole from DONE
