@@ -110,9 +110,10 @@ def get_config(arg=None):
                                      end_lr_ratio=1.0)
   c.online.actor = config_lib.stage(steps=50, batch_size=8, lr=3e-4)
 
-  # episodes drawn from the test split (0 = each test task once: the benchmark's protocol); with tasks.suite=bench
+  # episodes drawn from the test split: 0 = each held-out intent once per policy, the protocol (repeating the
+  # episodes of 8 intents is not a larger sample; the figures before 2026-11-27 drew 100); with tasks.suite=bench
   # the negative control's intents are evaluated too, each once
-  c.eval = ml_collections.ConfigDict(dict(episodes=100, temperature=1.0, seed=1))  # the code samples at T 1
+  c.eval = ml_collections.ConfigDict(dict(episodes=0, temperature=1.0, seed=1))  # the code samples at T 1
 
   c.checkpoint.every = 100
   c.checkpoint.async_save = False  # the next stage reloads each checkpoint at once
