@@ -299,8 +299,7 @@ class Decoder(nnx.Module):
     if self.lm_head is None:
       out = self.embed_tokens.attend(hidden)
     else:
-      kernel = self.lm_head.kernel.get_value().astype(hidden.dtype)
-      out = jnp.einsum("...e,ev->...v", hidden, kernel, preferred_element_type=jnp.float32)
+      out = layers.logits_2d(hidden, self.lm_head.kernel.get_value().astype(hidden.dtype))
     if out.ndim == 3:
       out = sharding.shard(out, ("batch", "length", "act_vocab"))
     return out.astype(jnp.float32)
