@@ -191,7 +191,7 @@ def main(argv):
     write_config(config, workdir)
     recipe.run(config, workdir)
   else:
-    seeds_lib.run_seeds(recipe.run, config, workdir, seeds, write_config)
+    seeds_lib.run_seeds(recipe.run, config, workdir, seeds, write_config, getattr(recipe, "PAIRS", ()))
 
 
 if __name__ == "__main__":

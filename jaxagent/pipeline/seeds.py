@@ -77,10 +77,10 @@ def table(combined: dict) -> str:
 
 
 def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Sequence[int],
-              write_config: Callable[[Any, str], None]) -> dict:
+              write_config: Callable[[Any, str], None], pairs: Sequence[tuple[str, str]] = ()) -> dict:
   """`run(config_k, workdir_k)` for every seed k (after `write_config(config_k, workdir_k)`, which makes the
   directory), then their results combined into `<workdir>/results.json` (listed per seed when `run` returns no
-  results dict)."""
+  results dict); `pairs` (a recipe's `PAIRS`) adds paired differences beyond those against the first policy."""
   per_seed = {}
   for seed in seeds:
     cfg = copy.deepcopy(config)
@@ -95,7 +95,7 @@ def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Seque
   hierarchical_stats = hierarchical(per_seed)
   for name, stats in hierarchical_stats.items():
     combined[name]["hierarchical"] = stats
-  combined.update(paired_differences(per_seed))
+  combined.update(paired_differences(per_seed, pairs))
   combined.update(stratified(per_seed))
   if distributed.is_main():  # every process combined the same results
     write_json(os.path.join(workdir, "results.json"), with_provenance(combined))
@@ -128,20 +128,24 @@ def hierarchical(per_seed: dict[int, Any]) -> dict:
           for n in _with_outcomes(per_seed)}
 
 
-def paired_differences(per_seed: dict[int, Any]) -> dict:
+def paired_differences(per_seed: dict[int, Any], pairs: Sequence[tuple[str, str]] = ()) -> dict:
   """Where every seed's results give each policy's per-episode `outcomes` (episode id → 0/1 on the same
-  episodes), each policy after the first minus the first (the start it was trained from), paired per episode
-  (`report.paired_difference`: the mean, a hierarchical bootstrap 95 % interval, the probability of improvement)."""
+  episodes), each policy after the first minus the first (the start it was trained from), then each
+  `(policy, baseline)` of `pairs` (the comparisons a recipe's paper makes, e.g. Digi-Q − Filtered BC) whose two
+  policies have outcomes, paired per episode (`report.paired_difference`: the mean, a hierarchical bootstrap 95 %
+  interval, the probability of improvement)."""
   names = _with_outcomes(per_seed)
   if len(names) < 2:
     return {}
-  base, out = names[0], {}
-  for name in names[1:]:
-    pairs = {}
+  wanted = [(name, names[0]) for name in names[1:]]
+  wanted += [(a, b) for a, b in pairs if a in names and b in names and a != b and (a, b) not in wanted]
+  out = {}
+  for name, base in wanted:
+    paired = {}
     for s, r in per_seed.items():
       ids = sorted(set(r[base]["outcomes"]) & set(r[name]["outcomes"]))
-      pairs[s] = ([r[base]["outcomes"][i] for i in ids], [r[name]["outcomes"][i] for i in ids])
-    out[f"{name} - {base}"] = report.paired_difference(pairs)
+      paired[s] = ([r[base]["outcomes"][i] for i in ids], [r[name]["outcomes"][i] for i in ids])
+    out[f"{name} - {base}"] = report.paired_difference(paired)
   return {"paired": out}
 
 

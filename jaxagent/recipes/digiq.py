@@ -59,6 +59,8 @@ CHOICES = {
     "actor.head_reduce": ("min", "max"),
 }
 LISTS = {"behaviour.splits": TRAIN_SPLITS + ("test",)}
+# `--seeds` pairs each policy with the behaviour policy, and these as the paper compares them (policy, baseline)
+PAIRS = (("digiq_actor", "filtered_bc_actor"), ("digiq_actor", "il_actor"), ("filtered_bc_actor", "il_actor"))
 
 
 def check_config(config) -> None:

@@ -59,6 +59,8 @@ CHOICES = {
     "actor.loss": ("digirl", "token_nll"),
     "actor.advantage": ("code", "dr"),
 }
+# `--seeds` pairs each policy with the IL actor, and these as the paper compares them (policy, baseline)
+PAIRS = (("digirl_off2on", "filtered_bc"), ("digirl_off2on", "digirl_offline"), ("digirl_offline", "filtered_bc"))
 
 
 def run(config, workdir: str) -> dict:

@@ -137,3 +137,13 @@ def test_run_seeds_writes_each_policys_interval_and_the_breakdown_by_stratum(tmp
   assert combined["by_stratum"]["split"]["test_comb"]["il"]["mean"] == 0.0
   written = json.load(open(tmp_path / "results.json"))
   assert written["by_stratum"]["family"]["cart"]["rl"]["mean"] == 1.0
+
+
+def test_a_recipes_pairs_are_paired_beside_those_against_the_first_policy():
+  outcomes = {"il": [0, 0, 1, 0], "fbc": [1, 0, 1, 0], "digiq": [1, 1, 1, 0]}
+  per_seed = {s: {n: {"success_rate": sum(o) / 4, "outcomes": {f"e{i}": float(x) for i, x in enumerate(o)}}
+                  for n, o in outcomes.items()} for s in (0, 1)}
+  paired = seeds.paired_differences(per_seed, pairs=[("digiq", "fbc"), ("fbc", "il"), ("missing", "il")])["paired"]
+  assert list(paired) == ["fbc - il", "digiq - il", "digiq - fbc"]  # no duplicate, no pair without outcomes
+  assert paired["digiq - fbc"]["mean"] == pytest.approx(0.25)
+  assert paired["digiq - il"]["mean"] == pytest.approx(0.5)

@@ -50,6 +50,7 @@ def test_results_cover_the_four_policies_on_held_out_episodes(pipeline):
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
+  assert {n for pair in digiq.PAIRS for n in pair} <= set(saved)  # what `--seeds` pairs is what the eval reports
   for name in ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"):
     assert saved[name]["episodes"] == config.eval.episodes
     assert 0.0 <= saved[name]["success_rate"] <= 1.0

@@ -61,6 +61,7 @@ def test_results_report_the_four_policies_on_the_same_held_out_episodes(pipeline
     saved = json.load(f)
   assert "packages" in saved.pop("provenance") and saved == results  # where it came from, then the figures
   assert list(saved) == ["il", "filtered_bc", "digirl_offline", "digirl_off2on"]
+  assert {n for pair in digirl.PAIRS for n in pair} <= set(saved)  # what `--seeds` pairs is what the eval reports
   for name, r in saved.items():
     assert r["episodes"] == config.eval.episodes and r["temperature"] == config.eval.temperature
     ids = [TrajectoryStore(os.path.join(workdir, "eval", name)).read_json(i)["task"]["id"]
