@@ -10,7 +10,8 @@ demonstrates the 24 train pairs (three orders per category), the IL actor's judg
 them) are the offline data, and the evaluation's episodes are the 8 `test` pairs, whose intents are in neither.
 Behaviour, IL, Filtered BC and Digi-Q each play every one of them once (`eval.episodes=0`); `--seeds=0,1,2`
 repeats the whole run per global seed for the protocol's headline. `--config.demos.split=train_a` leaves part b
-undemonstrated (the IL start then solves 3 % of it). Figures and each departure from the original code: docs/results/digiq.md.
+undemonstrated (the IL start then solves 3 % of it). Figures and each departure from the original code:
+docs/results/digiq.md.
 
 `--config.model.kind=autoui`: the original's encoder-decoder actor (T5 over a frozen image encoder's pooled
 feature); the representation model is then a VLM of its own (`representation.hf_checkpoint`, else a tiny one from

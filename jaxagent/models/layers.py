@@ -95,7 +95,7 @@ def logits_2d(hidden: jax.Array, kernel: jax.Array) -> jax.Array:
   """float32 logits [..., V] of `hidden` [..., E] through `kernel` [E, V], as one 2-D product over the flattened
   tokens. Written as an einsum over [B, T, E], its backward made XLA:CPU write the log-softmax gradient
   transposed ([V, B·T]) inside the fusion that computes it: 22 of the tiny VLM's 159 ms train step; the 2-D
-  form takes 117 ms (benchmarks/train_step.py)."""
+  form takes 117 ms (docs/results/performance.md, "2-D logits")."""
   out = jnp.dot(hidden.reshape(-1, hidden.shape[-1]), kernel, preferred_element_type=jnp.float32)
   return out.reshape(*hidden.shape[:-1], kernel.shape[-1])
 
