@@ -1,4 +1,4 @@
-"""The IL data pipeline on Grain: conversations → (shuffle, repeat) → tokenise + load images → batch.
+"""The IL data pipeline on Grain: conversations → (shuffle, repeat) → tokenise + load images, once → batch.
 
 A `grain.MapDataset` indexed in training order, so the position of its iterator (checkpointed with the model by
 `train.loop`) fully determines what comes next: resumed runs see the batches an uninterrupted run would.
@@ -8,6 +8,7 @@ Batches are host numpy dicts; `train.step.put_batch` places them on the mesh.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable
 
 import grain
@@ -20,6 +21,9 @@ from jaxagent.models import qwen_vl
 # Per-sample scalars a sample may carry into its batch: a loss weight (weighted regression), and WebRL's
 # advantage and reference log-probability (`train.losses.webrl_actor_loss`).
 SCALAR_FIELDS = ("weight", "advantage", "ref_logp")
+# What `il_dataset` keeps of encoded samples: ~20,000 of Digi-Q's (48 KiB each), ~550 of OpenWebVoyager's three
+# 224² images; the rest are encoded at every use.
+ENCODED_CACHE_BYTES = 1 << 30
 
 
 def load_images(paths: list[str], preprocess) -> np.ndarray:
@@ -70,21 +74,53 @@ class EncodeSample:
     return out
 
 
+class EncodeOnce:
+  """`encode(items[i])` for a source index, kept after its first call while the kept arrays fit in `max_bytes`.
+
+  A recipe's data set is small and read for many epochs (Digi-Q's IL ~20 times, its actors ~7), and decoding a
+  screenshot, resizing it and tokenising cost more than the tiny model's step on the CPU. Encoding is a pure
+  function of the item, so a kept sample is the one a fresh call returns; its arrays are read-only.
+  """
+
+  def __init__(self, items: list[dict], encode: Callable[[dict], dict], max_bytes: int = ENCODED_CACHE_BYTES):
+    self.items, self.encode, self.max_bytes = items, encode, int(max_bytes)
+    self.kept: dict[int, dict] = {}
+    self.kept_bytes = 0
+    self._lock = threading.Lock()
+
+  def __call__(self, index: int) -> dict:
+    index = int(index) % len(self.items)
+    hit = self.kept.get(index)
+    if hit is not None:
+      return hit
+    out = self.encode(self.items[index])
+    size = sum(v.nbytes for v in out.values() if isinstance(v, np.ndarray))
+    with self._lock:
+      if index not in self.kept and self.kept_bytes + size <= self.max_bytes:
+        for v in out.values():
+          if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+        self.kept[index] = out
+        self.kept_bytes += size
+    return out
+
+
 def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed: int = 0,
-               shuffle: bool = True) -> grain.MapDataset:
+               shuffle: bool = True, cache_bytes: int = ENCODED_CACHE_BYTES) -> grain.MapDataset:
   """Endless MapDataset of this process's batches (the global `batch_size` split over JAX processes).
 
-  Each epoch is reshuffled (Grain's `shuffle` then `repeat`); batches are disjoint across processes.
+  Each epoch is reshuffled (Grain's `shuffle` then `repeat`); batches are disjoint across processes. Samples are
+  encoded once and kept (`EncodeOnce`, up to `cache_bytes`).
   """
   n_proc, proc = jax.process_count(), jax.process_index()
   if batch_size % n_proc:
     raise ValueError(f"train.batch_size={batch_size} must divide by the {n_proc} JAX processes")
   if not items:
     raise ValueError("IL dataset is empty; check config.data.path")
-  ds = grain.MapDataset.source(items)
+  ds = grain.MapDataset.source(range(len(items)))  # indices, so that the shuffled order is the items' own
   if shuffle:
     ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(None).map(encode).batch(batch_size // n_proc, drop_remainder=True)
+  ds = ds.repeat(None).map(EncodeOnce(items, encode, cache_bytes)).batch(batch_size // n_proc, drop_remainder=True)
   if n_proc > 1:
     ds = ds[proc::n_proc]
   return ds

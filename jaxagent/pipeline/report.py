@@ -125,10 +125,19 @@ def outcomes(trajs: Sequence[types.Trajectory]) -> dict:
           "strata": {t.task.id: strata(t.task) for t in ran}}
 
 
-def by_stratum(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], resamples: int = 2_000) -> dict:
+def comparisons(names: Sequence[str], pairs: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+  """The (policy, baseline) differences to report among `names`: each policy after the first minus the first (the
+  start it was trained from), then those of `pairs` (a recipe's `PAIRS`: the comparisons its paper makes) whose
+  two policies are both in `names`."""
+  wanted = [(name, names[0]) for name in names[1:]]
+  return wanted + [(a, b) for a, b in pairs if a in names and b in names and a != b and (a, b) not in wanted]
+
+
+def by_stratum(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], resamples: int = 2_000,
+               pairs: Sequence[tuple[str, str]] = ()) -> dict:
   """Per stratum kind (family, tier, split) and value: each policy's mean over seeds with its hierarchical
-  interval, and each later policy minus the first, paired on the same episodes. `per_seed[s][name]` holds
-  `outcomes` and `strata` (`outcomes()`); a stratum absent from some seed is left out."""
+  interval, and the differences of `comparisons(names, pairs)`, paired on the same episodes. `per_seed[s][name]`
+  holds `outcomes` and `strata` (`outcomes()`); a stratum absent from some seed is left out."""
   first = next(iter(per_seed.values()))
   kinds = sorted({k for st in first[names[0]]["strata"].values() for k in st})
   out: dict[str, dict] = {}
@@ -141,9 +150,8 @@ def by_stratum(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[st
         continue
       picked = lambda n, s: [per_seed[s][n]["outcomes"][i] for i in ids[s]]  # pylint: disable=cell-var-from-loop
       row = {n: hierarchical_mean({s: picked(n, s) for s in per_seed}, resamples) for n in names}
-      for n in names[1:]:
-        row[f"{n} - {names[0]}"] = paired_difference({s: (picked(names[0], s), picked(n, s)) for s in per_seed},
-                                                     resamples)
+      for n, base in comparisons(names, pairs):
+        row[f"{n} - {base}"] = paired_difference({s: (picked(base, s), picked(n, s)) for s in per_seed}, resamples)
       out.setdefault(kind, {})[value] = row
   return out
 

@@ -96,7 +96,7 @@ def run_seeds(run: Callable[[Any, str], Any], config, workdir: str, seeds: Seque
   for name, stats in hierarchical_stats.items():
     combined[name]["hierarchical"] = stats
   combined.update(paired_differences(per_seed, pairs))
-  combined.update(stratified(per_seed))
+  combined.update(stratified(per_seed, pairs))
   if distributed.is_main():  # every process combined the same results
     write_json(os.path.join(workdir, "results.json"), with_provenance(combined))
   print(f"\nover seeds {list(seeds)}:\n{table(combined)}")
@@ -137,10 +137,8 @@ def paired_differences(per_seed: dict[int, Any], pairs: Sequence[tuple[str, str]
   names = _with_outcomes(per_seed)
   if len(names) < 2:
     return {}
-  wanted = [(name, names[0]) for name in names[1:]]
-  wanted += [(a, b) for a, b in pairs if a in names and b in names and a != b and (a, b) not in wanted]
   out = {}
-  for name, base in wanted:
+  for name, base in report.comparisons(names, pairs):
     paired = {}
     for s, r in per_seed.items():
       ids = sorted(set(r[base]["outcomes"]) & set(r[name]["outcomes"]))
@@ -149,13 +147,13 @@ def paired_differences(per_seed: dict[int, Any], pairs: Sequence[tuple[str, str]
   return {"paired": out}
 
 
-def stratified(per_seed: dict[int, Any]) -> dict:
+def stratified(per_seed: dict[int, Any], pairs: Sequence[tuple[str, str]] = ()) -> dict:
   """Per family, tier and split (`report.by_stratum`), where every seed's results give each policy's outcomes
-  with their strata: each policy's mean and interval, each later policy minus the first, paired."""
+  with their strata: each policy's mean and interval, each later policy minus the first and `pairs`, paired."""
   names = _with_outcomes(per_seed)
   if not names or not all(all(r[n].get("strata") for n in names) for r in per_seed.values()):
     return {}
-  return {"by_stratum": report.by_stratum(per_seed, names)}
+  return {"by_stratum": report.by_stratum(per_seed, names, pairs=pairs)}
 
 
 def _listed(per_seed: dict[int, Any], workdir: str) -> dict:

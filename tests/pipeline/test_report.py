@@ -85,6 +85,20 @@ def test_by_stratum_by_hand():
   assert "| cart | 2–2 | 25.0 [" in table and "+50.0 [" in table and "P " in table
 
 
+def test_by_stratum_pairs_a_recipes_comparisons_beside_those_against_the_first_policy():
+  st = {e: {"family": "cart" if e in "ab" else "buy"} for e in "abcd"}
+  outcomes = {"il": [0, 0, 1, 0], "fbc": [1, 0, 1, 0], "digiq": [1, 1, 0, 0]}
+  per_seed = {s: {n: {"outcomes": dict(zip("abcd", map(float, o))), "strata": st} for n, o in outcomes.items()}
+              for s in (0, 1)}
+  by = report.by_stratum(per_seed, ["il", "fbc", "digiq"], resamples=200,
+                         pairs=[("digiq", "fbc"), ("fbc", "il"), ("missing", "il")])
+  cart, buy = by["family"]["cart"], by["family"]["buy"]
+  assert [k for k in cart if " - " in k] == ["fbc - il", "digiq - il", "digiq - fbc"]
+  assert cart["digiq - fbc"]["mean"] == pytest.approx(0.5)  # (1 - 1 + 1 - 0) / 2
+  assert buy["digiq - fbc"]["mean"] == pytest.approx(-0.5)  # (0 - 1 + 0 - 0) / 2
+  assert "| cart |" in report.stratum_table(by) and "digiq - fbc" in report.stratum_table(by)
+
+
 def test_policy_table_skips_derived_values_and_lists_the_control_below():
   results = {**RESULTS, "digiq_minus_il": 0.1, "held_out": True,
              "control": {"sft": {"success_rate": 0.5, "episodes": 8, "temperature": 0.0, "mean_steps": 5.0}}}
