@@ -98,6 +98,9 @@ _SETTLE_JS = """() => new Promise((r) => setTimeout(() => {
   window.__jaxagentNav = 0; window.__jaxagentPopup = 0; r(out); }, 0))"""
 
 
+# A touch swipe's drag, start to end: Appium's pointer move (DigiRL's `driver.swipe`, no duration given).
+SWIPE_SECONDS = 0.25
+
 # A fling or a smooth scroll goes on after the input ends: wait until the scroll position holds for three frames
 # (at most ~2 s), so the next observation's boxes are where a tap will land.
 _SCROLL_STILL_JS = """() => new Promise(resolve => {
@@ -868,11 +871,15 @@ class BrowserEnv:
     path = [(start[0] + (end[0] - start[0]) * i / steps, start[1] + (end[1] - start[1]) * i / steps)
             for i in range(steps + 1)]
     if self.profile.has_touch:
-      cdp = self._cdp_session()
-      cdp.send("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": [{"x": path[0][0], "y": path[0][1]}]})
-      for x, y in path[1:]:
-        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [{"x": x, "y": y}]})
-      cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
+      # The events carry their own times, SWIPE_SECONDS apart end to end: the fling's velocity, and so where the
+      # page comes to rest, is then the drag's alone, not how busy the machine was when they were sent.
+      cdp, t0 = self._cdp_session(), time.time()
+      at = lambda i: t0 + SWIPE_SECONDS * i / steps
+      cdp.send("Input.dispatchTouchEvent",
+               {"type": "touchStart", "touchPoints": [{"x": path[0][0], "y": path[0][1]}], "timestamp": at(0)})
+      for i, (x, y) in enumerate(path[1:], 1):
+        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [{"x": x, "y": y}], "timestamp": at(i)})
+      cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": [], "timestamp": at(steps)})
     else:
       mouse = self._page.mouse
       mouse.move(*path[0])

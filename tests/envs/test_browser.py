@@ -293,6 +293,35 @@ def test_device_profile_tap_at_normalised_point_and_swipe(env, site):
   assert env.reset(_task(site)).screenshot.shape == (768, 1024, 3)  # the next web task gets the desktop again
 
 
+def _burn(stop):
+  while not stop.is_set():
+    sum(range(10_000))
+
+
+def test_a_swipe_leaves_the_page_where_it_did_whatever_the_load(env, site):
+  """The touch events carry their own times, so the fling after a swipe, and where the page rests, do not depend
+  on how fast the machine sent them (they varied by ~2× under load before)."""
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  task = _task(site, "phone.html", profile="device")
+  swipe = Action(ActionKind.SWIPE, x=0.5, y=0.8, x2=0.5, y2=0.3, normalized=True)
+  rest = []
+  for load in (0, 2, 0, 2):
+    stop = multiprocessing.Event()
+    busy = [multiprocessing.Process(target=_burn, args=(stop,)) for _ in range(load)]
+    for p in busy:
+      p.start()
+    try:
+      env.reset(task)
+      env.step(swipe)
+      rest.append(env.page.evaluate("window.scrollY"))
+    finally:
+      stop.set()
+      for p in busy:
+        p.join()
+  assert len(set(rest)) == 1, rest
+  assert rest[0] > 0.5 * 915  # the drag is half the screen; the fling carries the page further
+
+
 @pytest.mark.slow
 def test_screenshot_observation_numbers_no_elements_and_taps_at_points(site):
   with BrowserEnv(observation="screenshot") as e:
