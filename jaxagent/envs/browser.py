@@ -329,7 +329,8 @@ class BrowserEnv:
     before = _browser_pids()
     args = [f for f in CHROMIUM_FLAGS if self.headless or f != "--headless"]
     self._browser = self._pw.chromium.launch(
-        headless=self.headless, args=args, env=secrets.scrubbed_environ(),  # a browser needs no API key
+        # a browser needs no API key; its temporary files (the singleton socket's directory) go in the root
+        headless=self.headless, args=args, env={**secrets.scrubbed_environ(), "TMPDIR": tmp_root()},
         executable_path=self.executable_path or chromium_executable(self._pw))
     self._disconnected = False
     browser = self._browser  # a late event from a browser already replaced must not mark the new one

@@ -377,6 +377,22 @@ def test_killed_chromium_raises_then_reset_relaunches_and_close_leaves_nothing(s
 
 
 @pytest.mark.slow
+def test_a_browsers_temporary_files_live_in_its_process_temp_root(site):
+  """Chromium's own temp directory (its singleton socket's) is under the root the module removes, not in /tmp,
+  where each launch used to leave an `org.chromium.Chromium.*` directory behind."""
+  from jaxagent.envs import browser  # pylint: disable=g-import-not-at-top
+  e = BrowserEnv(observation="som")
+  try:
+    e.reset(_task(site))
+    root = browser.tmp_root()
+    assert psutil.Process(e.browser_pid).environ().get("TMPDIR") == root
+    singleton = [d for d in os.listdir(root) if d.startswith("org.chromium.Chromium.")]
+    assert singleton and os.path.exists(os.path.join(root, singleton[0], "SingletonSocket"))
+  finally:
+    e.close()
+
+
+@pytest.mark.slow
 def test_browsers_carry_no_secrets(site, monkeypatch):
   """Chromium's processes get a scrubbed environment: no API key by name or by value, the rest kept."""
   monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdef")
