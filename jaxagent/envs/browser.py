@@ -92,6 +92,9 @@ _NAV_SPY_JS = """(() => {
     const a = e.target && e.target.closest && e.target.closest('a[href], area[href]');
     if (a && a.target && !['_self', '_top', '_parent'].includes(a.target)) bump('__jaxagentPopup');
   }, true);
+  // Whether a scroll of the page or of any element is under way (a fling included): `scrollend` ends it.
+  addEventListener('scroll', () => { window.__jaxagentScrolling = true; }, {capture: true, passive: true});
+  addEventListener('scrollend', () => { window.__jaxagentScrolling = false; }, {capture: true, passive: true});
 })();"""
 _SETTLE_JS = """() => new Promise((r) => setTimeout(() => {
   const out = [window.__jaxagentNav || 0, window.__jaxagentPopup || 0];
@@ -101,15 +104,18 @@ _SETTLE_JS = """() => new Promise((r) => setTimeout(() => {
 # A touch swipe's drag, start to end: Appium's pointer move (DigiRL's `driver.swipe`, no duration given).
 SWIPE_SECONDS = 0.25
 
-# A fling or a smooth scroll goes on after the input ends: wait until the scroll position holds for three frames
-# (at most ~2 s), so the next observation's boxes are where a tap will land.
+# A fling or a smooth scroll goes on after the input ends: wait until no scroll is under way (the last one's
+# `scrollend` came, `_NAV_SPY_JS`) and the position has held for three frames (at most ~3 s), so the next
+# observation's boxes are where a tap will land. The position alone can hold for three frames mid-fling on a busy
+# machine, and the next swipe's touch then stops the fling where it happens to be.
 _SCROLL_STILL_JS = """() => new Promise(resolve => {
   let last = null, still = 0, frames = 0;
   const tick = () => {
     const here = [window.scrollX, window.scrollY].join();
     still = here === last ? still + 1 : 0;
     last = here;
-    if (still >= 3 || ++frames > 120) resolve(frames); else requestAnimationFrame(tick);
+    if ((still >= 3 && !window.__jaxagentScrolling) || ++frames > 180) resolve(frames);
+    else requestAnimationFrame(tick);
   };
   requestAnimationFrame(tick);
 })"""

@@ -300,7 +300,7 @@ def _burn(stop):
 
 def test_a_swipe_leaves_the_page_where_it_did_whatever_the_load(env, site):
   """The touch events carry their own times, so the fling after a swipe, and where the page rests, do not depend
-  on how fast the machine sent them (they varied by ~2× under load before)."""
+  on how fast the machine sent them; the step returns once the fling has ended."""
   import multiprocessing  # pylint: disable=g-import-not-at-top
   task = _task(site, "phone.html", profile="device")
   swipe = Action(ActionKind.SWIPE, x=0.5, y=0.8, x2=0.5, y2=0.3, normalized=True)
@@ -313,13 +313,17 @@ def test_a_swipe_leaves_the_page_where_it_did_whatever_the_load(env, site):
     try:
       env.reset(task)
       env.step(swipe)
+      assert env.page.evaluate("window.__jaxagentScrolling") is False  # the step waited for the fling's scrollend
+      env.step(swipe)  # its touch would stop a fling still going on
       rest.append(env.page.evaluate("window.scrollY"))
     finally:
       stop.set()
       for p in busy:
         p.join()
-  assert len(set(rest)) == 1, rest
-  assert rest[0] > 0.5 * 915  # the drag is half the screen; the fling carries the page further
+  # Within a pixel: the fling's last frame lands a pixel either way with the frames' timing (765-2,083 px for one
+  # swipe before the events carried their own times)
+  assert max(rest) - min(rest) <= 1, rest
+  assert min(rest) > 2 * 0.5 * 915  # each drag is half the screen; the flings carry the page further
 
 
 @pytest.mark.slow
