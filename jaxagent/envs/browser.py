@@ -885,7 +885,8 @@ class BrowserEnv:
       cdp.send("Input.dispatchTouchEvent",
                {"type": "touchStart", "touchPoints": [{"x": path[0][0], "y": path[0][1]}], "timestamp": at(0)})
       for i, (x, y) in enumerate(path[1:], 1):
-        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [{"x": x, "y": y}], "timestamp": at(i)})
+        cdp.send("Input.dispatchTouchEvent",
+                 {"type": "touchMove", "touchPoints": [{"x": x, "y": y}], "timestamp": at(i)})
       cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": [], "timestamp": at(steps)})
     else:
       mouse = self._page.mouse

@@ -12,7 +12,8 @@ from jaxagent.data.store import TrajectoryStore
 def _traj(i, action="tap", shot=0):
   task = types.Task(id=f"t{i}", intent="x", site="s", start_url="http://x/")
   pixels = np.full((8, 6, 3), shot, np.uint8)
-  steps = [types.Step(step=0, obs_text="p", action_text=action, observation=types.Observation(url="u", screenshot=pixels))]
+  observation = types.Observation(url="u", screenshot=pixels)
+  steps = [types.Step(step=0, obs_text="p", action_text=action, observation=observation)]
   return types.Trajectory(task, steps, success=1.0)
 
 
