@@ -34,8 +34,11 @@ Keys a researcher changes first:
                     identical replies (VAB run.py's rule, 5 and 5 in WebRL's evaluation); 0 turns one off
   curriculum.generator
                     variations (offline: other parameters of the failed task's template, each with its
-                    evaluator) | openai (gen_task.py's GPT-4o prompt at `curriculum.openai.base_url`, any
-                    OpenAI-compatible endpoint; its tasks have no evaluator, the ORM rewards them; needs reward=orm)
+                    evaluator) | mutations (offline, tasks.suite=bench: the failed task one step along the tier
+                    axis, `curriculum.kinds`: a constraint changed, a constraint added, or a family one subgoal
+                    above it, each with its evaluator; the bench variant's) | openai (gen_task.py's GPT-4o prompt
+                    at `curriculum.openai.base_url`, any OpenAI-compatible endpoint; its tasks have no evaluator,
+                    the ORM rewards them; needs reward=orm)
   tasks.suite       sites (the bundled sites' template suites) | bench (the sites benchmark, `docs/benchmark.md`:
                     its train_a / train_b / train_c, the held-out headline as `test`, the negative control as
                     `control`; `tasks.templates` then names benchmark families ("" = all), `tasks.level` the
@@ -48,7 +51,8 @@ Variants (`configs/webrl.py:<name>`):
   smollm  SmolLM2-135M-Instruct (real pretrained weights, offline) as the policy, ORM and critic trunk.
   bench   the sites benchmark's text profile (`docs/benchmark.md`), fixed before any run on it: every text family
           at perturbation level 2; demonstrations from train_a, the ORM's episodes from train_b, the curriculum's
-          pool train_c; every headline intent (210) and the negative control's 8 evaluated once per policy.
+          pool train_c, mutated along the tier axis; every headline intent (210) and the negative control's 8
+          evaluated once per policy.
 """
 
 from __future__ import annotations
@@ -116,7 +120,9 @@ def get_config(arg=None):
   c.phases = 2
   # `split`: the pool the variations of failed tasks are drawn from
   c.curriculum = ml_collections.ConfigDict(dict(tasks=48, critic_filter=True, low=0.05, high=0.75, split="train"))
-  c.curriculum.generator = "variations"  # variations | openai
+  c.curriculum.generator = "variations"  # variations | mutations | openai
+  # generator=mutations: which mutations of a failed benchmark task to draw (comma-separated)
+  c.curriculum.kinds = "change,add,subgoal"
   # generator=openai: gen_task.py's requests (per site `turns` of min(`seeds`, |failed|) failed intents), to any
   # OpenAI-compatible endpoint; the key is read from $`api_key_env`.
   c.curriculum.openai = ml_collections.ConfigDict(dict(
@@ -176,6 +182,7 @@ def get_config(arg=None):
   elif arg.variant == "bench":
     c.tasks.update(suite="bench", templates="", level=2)
     c.demos.split, c.orm.split, c.curriculum.split = "train_a", "train_b", "train_c"
+    c.curriculum.generator = "mutations"
     c.eval.episodes = 0
   elif arg.variant:
     raise ValueError(f"configs/webrl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")

@@ -10,7 +10,8 @@ resumes the running one: rollouts by episode id, trainings from their Orbax chec
   orm       π_0's rollouts on train tasks, judged by the sites' programs → the ORM trained to answer YES/NO on
             them and the demonstrations; its agreement with the judge on held-out episodes
   phase<t>  curriculum (tasks from phase t−1's failures, `proj.webrl.curriculum`: other parameters of their
-            templates, or with `curriculum.generator=openai` what an LLM writes from them, less any test intent;
+            templates, `=mutations` a step along the benchmark's tier axis, `=openai` what an LLM writes from them,
+            less any test intent;
             through the critic filter)
             → rollouts of π_{t−1} (with `rollout.max_lag` L > 0: of π_{t−1−L}, collected while π_{t−1}
             trains) → ORM labels (the reward; the judge's verdict kept to measure the ORM)
@@ -61,9 +62,10 @@ CHOICES = {
     "actor.loss": ("code", "paper", "sft"),
     "actor.normalize": WEBRL_NORMALIZE,
     "orm.page": orm.PAGES,
-    "curriculum.generator": ("variations", "openai"),
+    "curriculum.generator": ("variations", "mutations", "openai"),
     "orm.held_out": orm.HELD_OUT,
 }
+LISTS = {"curriculum.kinds": curriculum.MUTATIONS}
 
 
 def run(config, workdir: str) -> dict:

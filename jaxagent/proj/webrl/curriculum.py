@@ -35,6 +35,28 @@ from jaxagent.proj.webrl import critic
 log = logging.getLogger(__name__)
 
 
+def _variants(seed_task: types.Task | None, by_template: dict[str, list[types.Task]], pool: Sequence[types.Task]
+              ) -> list[types.Task]:
+  """The pool tasks of `seed_task`'s template with another intent; the whole pool when there are none."""
+  options = [t for t in by_template.get(seed_task.template, []) if t.intent != seed_task.intent] \
+      if seed_task is not None else []
+  return options or list(pool)
+
+
+def _by_template(pool: Sequence[types.Task]) -> dict[str, list[types.Task]]:
+  by_template: dict[str, list[types.Task]] = {}
+  for t in pool:
+    by_template.setdefault(t.template, []).append(t)
+  return by_template
+
+
+def _pick_fresh(rng: random.Random, options: Sequence[types.Task], drawn: set[str]) -> types.Task:
+  """A random one of `options`, among those whose intent is not in `drawn` while there are any; drawn then."""
+  pick = rng.choice([t for t in options if t.intent not in drawn] or options)
+  drawn.add(pick.intent)
+  return pick
+
+
 def variations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int, seed: int, tag: str
                ) -> list[types.Task]:
   """`n` tasks: the failed tasks in a seeded order, cycled, each replaced by a pool task of its template whose
@@ -43,21 +65,70 @@ def variations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int,
   rng = random.Random(seed)
   seeds = list(failed)
   rng.shuffle(seeds)
-  by_template: dict[str, list[types.Task]] = {}
-  for t in pool:
-    by_template.setdefault(t.template, []).append(t)
-  drawn: set[str] = set()
+  by_template, drawn = _by_template(pool), set()
   out = []
   for k in range(int(n)):
-    seed_task = seeds[k % len(seeds)] if seeds else None
-    options = [t for t in by_template.get(seed_task.template, []) if t.intent != seed_task.intent] \
-        if seed_task is not None else []
-    options = options or list(pool)
-    fresh = [t for t in options if t.intent not in drawn]
-    pick = rng.choice(fresh or options)
-    drawn.add(pick.intent)
+    pick = _pick_fresh(rng, _variants(seeds[k % len(seeds)] if seeds else None, by_template, pool), drawn)
     out.append(dataclasses.replace(pick, id=f"{pick.id}@{tag}{k}"))
   return out
+
+
+# Mutations of a benchmark task along its tier axis. A family's `SUBGOAL_OF` are the families one subgoal above it
+# (docs/benchmark.md: buy = lookup's listing and product + cart's options + checkout; cross = a product's value
+# carried into a reply), each sharing some of its parameters.
+MUTATIONS = ("change", "add", "subgoal")
+SUBGOAL_OF = {"filter": ("lookup",), "lookup": ("buy",), "cart": ("buy", "cross"), "thread": ("reply",),
+              "reply": ("cross",)}
+
+
+def _mutants(seed: types.Task, by_family: dict[str, list[types.Task]], kinds: Sequence[str]
+             ) -> dict[str, list[types.Task]]:
+  """The pool tasks one mutation away from `seed`, by kind: `change`, its family with one constraint set to
+  another value; `add`, its family with one more constraint (a parameter empty in `seed` set, the others kept);
+  `subgoal`, a family one subgoal above it, keeping as many of the shared parameters as any such task keeps."""
+  params = seed.meta["params"]
+  empty = lambda v: v in ("", None)
+  out = {"change": [], "add": []}
+  for t in by_family.get(seed.meta.get("family", ""), []):
+    other = t.meta["params"]
+    diff = [k for k, v in params.items() if other.get(k, v) != v] if other.keys() == params.keys() else []
+    if len(diff) == 1 and not empty(other[diff[0]]):  # a constraint dropped is neither
+      out["add" if empty(params[diff[0]]) else "change"].append(t)
+  above = [t for f in SUBGOAL_OF.get(seed.meta.get("family", ""), ()) for t in by_family.get(f, [])]
+  kept = [sum(t.meta["params"].get(k, object()) == v for k, v in params.items()) for t in above]
+  out["subgoal"] = [t for t, n in zip(above, kept) if n == max(kept)]
+  return {k: v for k, v in out.items() if v and k in kinds}
+
+
+def mutations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int, seed: int, tag: str,
+              kinds: Sequence[str] = MUTATIONS) -> tuple[list[types.Task], dict[str, int]]:
+  """`n` tasks that mutate the failed benchmark tasks along the tier axis (the failed tasks in a seeded order,
+  cycled): for each, a kind drawn among those with a pool task one such mutation away (`_mutants`), then one of
+  its tasks, preferring intents not drawn yet in this call. A failed task without benchmark parameters (a template
+  suite's) gets a `variations` draw. Each task's `meta["mutation"]` names its kind and the intent it came from;
+  also returned: how many tasks of each kind."""
+  rng = random.Random(seed)
+  seeds = list(failed)
+  rng.shuffle(seeds)
+  by_family: dict[str, list[types.Task]] = {}
+  for t in pool:
+    if t.meta.get("params") is not None:
+      by_family.setdefault(t.meta.get("family", ""), []).append(t)
+  by_template, drawn = _by_template(pool), set()
+  out, counts = [], {}
+  for k in range(int(n)):
+    seed_task = seeds[k % len(seeds)] if seeds else None
+    found = _mutants(seed_task, by_family, kinds) if seed_task is not None and "params" in seed_task.meta else {}
+    kind = rng.choice(sorted(found)) if found else "variation"
+    if found:
+      pick = _pick_fresh(rng, found[kind], drawn)
+      pick = dataclasses.replace(pick, meta={**pick.meta, "mutation": {
+          "kind": kind, "from": seed_task.meta.get("intent_id", seed_task.id)}})
+    else:
+      pick = _pick_fresh(rng, _variants(seed_task, by_template, pool), drawn)
+    counts[kind] = counts.get(kind, 0) + 1
+    out.append(dataclasses.replace(pick, id=f"{pick.id}@{tag}{k}"))
+  return out, counts
 
 
 def round0_prompt(intent: str, start_html: str) -> str:
@@ -209,6 +280,10 @@ def candidates(config, workdir: str, t: int, n: int, out: str) -> tuple[list[typ
   pool = tasks_lib.suite(workdir, config.curriculum.split)
   failed = _previous_failures(workdir, t)
   info = {"failed_seeds": len(failed)}
+  if config.curriculum.generator == "mutations":
+    kinds = [k for k in str(config.curriculum.kinds).split(",") if k]
+    found, counts = mutations(failed, pool, n, int(config.seed) + 100 + t, f"p{t}.", kinds)
+    return found, {**info, "candidates": len(found), "mutations": counts}
   if config.curriculum.generator != "openai":
     found = variations(failed, pool, n, int(config.seed) + 100 + t, f"p{t}.")
     return found, {**info, "candidates": len(found)}

@@ -263,3 +263,97 @@ def test_the_config_refuses_openai_without_base_url_before_any_work(tmp_path):
   config.curriculum.generator = "gpt4o"
   with pytest.raises(ConfigError, match=r"config\.curriculum\.generator='gpt4o'"):
     validate(config, webrl.CHOICES, {})
+
+
+# ------------------------------------------------------------------- mutations along the benchmark's tier axis
+
+
+@pytest.fixture(scope="module")
+def bench_pool():
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  return bench.generate(0, "text", 2, splits=("train_a", "train_c"))
+
+
+def _params(task):
+  return task.meta["params"]
+
+
+def _one_step(seed, got):
+  """The kind of mutation `got` is of `seed`, read off their parameters alone (None: none of them)."""
+  a, b = _params(seed), _params(got)
+  if got.meta["family"] == seed.meta["family"] and a.keys() == b.keys():
+    diff = [k for k in a if a[k] != b[k]]
+    if len(diff) == 1 and b[diff[0]] != "":
+      return "add" if a[diff[0]] == "" else "change"
+  if got.meta["family"] in curriculum.SUBGOAL_OF.get(seed.meta["family"], ()):
+    return "subgoal"
+  return None
+
+
+def test_mutations_are_one_step_along_the_tier_axis_of_each_failed_task(bench_pool):
+  pool = bench_pool["train_c"]
+  lookups = {(_params(t)["category"], _params(t)["brand"]) for t in pool if t.meta["family"] == "lookup"}
+  seed = next(t for t in bench_pool["train_a"] if t.meta["family"] == "filter" and not _params(t)["colour"]
+              and (_params(t)["category"], _params(t)["brand"]) in lookups)  # a colour to add, a lookup above
+  out, counts = curriculum.mutations([seed], pool, 30, seed=0, tag="p1.")
+  assert len(out) == 30 and sum(counts.values()) == 30
+  assert set(counts) == {"change", "add", "subgoal"}  # all three kinds exist for it and each was drawn
+  for task in out:
+    kind = task.meta["mutation"]["kind"]
+    assert task.meta["mutation"]["from"] == seed.meta["intent_id"]
+    assert _one_step(seed, task) == kind, (kind, _params(seed), task.meta["family"], _params(task))
+    assert task.id.startswith(f"{task.id.partition('@')[0]}@p1.") and task.evaluator
+    if kind == "subgoal":  # a lookup of the same category and brand
+      assert task.meta["family"] == "lookup"
+      assert all(_params(task)[k] == _params(seed)[k] for k in ("category", "brand"))
+  by_kind = curriculum._mutants(seed, {f: [t for t in pool if t.meta["family"] == f] for f in ("filter", "lookup")},
+                                curriculum.MUTATIONS)
+  for kind, options in by_kind.items():  # fresh intents first: each kind's draws repeat none until all are drawn
+    drawn = [t.intent for t in out if t.meta["mutation"]["kind"] == kind]
+    assert len(set(drawn)) == min(len(drawn), len({t.intent for t in options})), kind
+
+
+def test_mutation_kinds_are_chosen_by_the_config_and_a_seed_without_a_step_gets_a_variation(bench_pool):
+  pool = bench_pool["train_c"]
+  cart = next(t for t in bench_pool["train_a"] if t.meta["family"] == "cart")
+  out, counts = curriculum.mutations([cart], pool, 12, seed=1, tag="x", kinds=("subgoal",))
+  assert counts == {"subgoal": 12}
+  assert {t.meta["family"] for t in out} <= {"buy", "cross"}
+  cross = [t for t in out if t.meta["family"] == "cross"]
+  assert all(_params(t)["product"] == _params(cart)["product"] for t in cross)  # its shared parameter kept
+  buy = next(t for t in bench_pool["train_a"] if t.meta["family"] == "buy")  # nothing sits above a purchase
+  out, counts = curriculum.mutations([buy], pool, 3, seed=1, tag="x", kinds=("subgoal",))
+  assert counts == {"variation": 3} and all(t.template == buy.template and "mutation" not in t.meta for t in out)
+  templated = _pool()  # a template suite's tasks carry no benchmark parameters: `variations`' draw
+  out, counts = curriculum.mutations([templated[0]], templated, 4, seed=0, tag="p1-")
+  assert counts == {"variation": 4}
+  assert sorted(t.intent for t in out) == ["a intent 1", "a intent 2", "a intent 3", "a intent 4"]
+  assert all(_source(templated, t)[1] == f"p1-{k}" for k, t in enumerate(out))
+
+
+def test_mutations_are_deterministic_by_seed(bench_pool):
+  pool = bench_pool["train_c"]
+  failed = bench_pool["train_a"][::400][:6]
+  first, _ = curriculum.mutations(failed, pool, 10, seed=5, tag="t")
+  again, _ = curriculum.mutations(failed, pool, 10, seed=5, tag="t")
+  other, _ = curriculum.mutations(failed, pool, 10, seed=6, tag="t")
+  assert [t.id for t in first] == [t.id for t in again] != [t.id for t in other]
+
+
+def test_the_recipe_draws_mutations_from_its_pool_and_refuses_an_unknown_kind(bench_pool, tmp_path):
+  from configs import webrl as webrl_config  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.config import ConfigError, validate  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
+  config = webrl_config.get_config("bench")
+  assert config.curriculum.generator == "mutations"
+  validate(config, webrl.CHOICES, webrl.LISTS)
+  tasks_lib.write_tasks(str(tmp_path / "tasks" / "train_c.jsonl"), bench_pool["train_c"])
+  tasks_lib.write_tasks(str(tmp_path / "orm" / "failed.jsonl"), bench_pool["train_a"][::500])
+  found, info = curriculum.candidates(config, str(tmp_path), 1, 20, str(tmp_path))
+  assert len(found) == info["candidates"] == sum(info["mutations"].values()) == 20
+  pool_ids = {t.id for t in bench_pool["train_c"]}
+  assert all(t.id.partition("@")[0] in pool_ids for t in found)
+  config.curriculum.kinds = "change,grow"
+  with pytest.raises(ConfigError, match=r"config\.curriculum\.kinds='change,grow'"):
+    validate(config, webrl.CHOICES, webrl.LISTS)
