@@ -65,7 +65,7 @@ def check_tasks(tasks) -> None:
   if isinstance(level, bool) or level not in bench.LEVELS:
     raise ConfigError(f"config.tasks.level={level!r} is not a perturbation level of the benchmark "
                      f"{tuple(bench.LEVELS)}; set --config.tasks.level=2 (the headline's)")
-  unknown = [f for f in str(tasks.get("templates", "")).split(",") if f.strip() and f.strip() not in bench.FAMILIES]
+  unknown = [f for f in names(tasks.get("templates", "")) if f not in bench.FAMILIES]
   if unknown:
     raise ConfigError(f"config.tasks.templates={tasks.templates!r}: {unknown} are not benchmark families; name "
                      f"some of {tuple(bench.FAMILIES)}, comma-separated, or '' for all")
@@ -86,6 +86,11 @@ def _leaves(config, prefix: str = ""):
       yield f"{prefix}{k}", v
 
 
+def names(value) -> list[str]:
+  """A comma-separated config value as its names, spaces around each and empty ones dropped."""
+  return [s.strip() for s in str(value).split(",") if s.strip()]
+
+
 def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[str, Sequence[str]] = ()) -> None:
   """Refuses, naming the key: a value of `choices[key]` outside its allowed values, a comma-separated value of
   `lists[key]` with a name outside its allowed names (or none), a required key left unset (None: a variant's
@@ -100,8 +105,8 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
       raise ConfigError(f"config.{key}={value!r} is not one of {tuple(allowed)}; "
                         f"set --config.{key}={allowed[0]} (or another of those)")
   for key, allowed in lists.items():
-    names = [s.strip() for s in str(_get(config, key)).split(",") if s.strip()]
-    if not names or set(names) - set(allowed):
+    listed = names(_get(config, key))
+    if not listed or set(listed) - set(allowed):
       raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
                         "comma-separated")
   _check_precision(config.get("model"))

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 from jaxagent import types
 from jaxagent.pipeline import distributed
-from jaxagent.pipeline.config import ConfigError
+from jaxagent.pipeline.config import ConfigError, names
 from jaxagent.pipeline.stages import write_text
 
 
@@ -98,7 +98,7 @@ def bench_splits(config, profile: str) -> dict[str, list[types.Task]]:
   curriculum, exploration), `train` (the three), `test` (the headline: every held-out intent once, the negative
   control left out) and `control` (the negative control's held-out intents)."""
   from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
-  families = [f.strip() for f in str(config.tasks.templates).split(",") if f.strip()] or list(bench.FAMILIES)
+  families = names(config.tasks.templates) or list(bench.FAMILIES)
   made = bench.generate(int(config.tasks.seed), profile, int(config.tasks.level), families,
                         bench.TRAIN_SPLITS + bench.HEADLINE)
   splits = {s: made[s] for s in bench.TRAIN_SPLITS}
@@ -116,9 +116,9 @@ def check_split_keys(config, keys: Sequence[str]) -> None:
   for key in keys:
     block, name = key.rsplit(".", 1)
     value = config[block][name]
-    names = [n.strip() for n in str(value).split(",") if n.strip()]
-    if "train_c" in names:
-      fix = ",".join(n for n in names if n != "train_c") or "train"
+    listed = names(value)
+    if "train_c" in listed:
+      fix = ",".join(n for n in listed if n != "train_c") or "train"
       raise ConfigError(f"config.{key}={value!r} names train_c, a part of the benchmark only "
                         f"(tasks.suite=bench); the sites' suites have train, train_a and train_b: set "
                         f"--config.{key}={fix}")

@@ -29,7 +29,7 @@ from jaxagent.agents import autoui
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.models.critic import CriticConfig
 from jaxagent.pipeline import device, distributed, report, rollout
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import names, stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, summary, write_results
 from jaxagent.pipeline.policy import inference_mesh, load_actor
@@ -91,7 +91,7 @@ def run(config, workdir: str) -> dict:
 def behaviour_episodes(config, workdir):
   """Drawn from the test split alone, the behaviour episodes are the evaluation's (same seed, same ids), so the
   eval stage scores the behaviour policy on these rollouts (`behaviour_rollouts`)."""
-  splits = [s.strip() for s in config.behaviour.splits.split(",") if s.strip()]
+  splits = names(config.behaviour.splits)
   tasks, n = [t for s in splits for t in suite(workdir, s)], int(config.behaviour.episodes)
   if splits == ["test"]:
     return draw_episodes(tasks, n, int(config.eval.seed), "eval")

@@ -29,7 +29,7 @@ from jaxagent.data.tokenizer import fit_tokenizer
 from jaxagent.envs import miniwob
 from jaxagent.judges.programmatic import RewardJudge
 from jaxagent.pipeline import device, report
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import names, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, write_results
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load_actor
@@ -64,12 +64,12 @@ def run(config, workdir: str) -> dict:
 
 
 def stage_tasks(config, out):
-  names = task_names(config)
+  chosen = task_names(config)
   counts = {}
   for split, n in (("train", config.tasks.train_seeds), ("test", config.tasks.test_seeds)):
-    tasks = miniwob.training_suite(split, int(n), names=names, max_steps=int(config.tasks.max_steps))
+    tasks = miniwob.training_suite(split, int(n), names=chosen, max_steps=int(config.tasks.max_steps))
     counts[split] = write_tasks(os.path.join(out, f"{split}.jsonl"), tasks)
-  return {**counts, "tasks": names}
+  return {**counts, "tasks": chosen}
 
 
 def stage_il(config, workdir, out):
@@ -142,7 +142,7 @@ def stage_eval(config, workdir, out):
 
 
 def task_names(config) -> list[str]:
-  return [n for n in str(config.tasks.names).split(",") if n] or list(miniwob.HEADLINE_TASKS)
+  return names(config.tasks.names) or list(miniwob.HEADLINE_TASKS)
 
 
 def env_spec() -> dict:

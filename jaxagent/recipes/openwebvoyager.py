@@ -29,7 +29,7 @@ from jaxagent.envs import miniwob, sites
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.judges import programmatic
 from jaxagent.pipeline import async_collect, rollout
-from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.config import names, stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.evaluate import evaluate_actors, evaluate_control, write_results
 from jaxagent.pipeline.policy import load_actor
@@ -182,9 +182,8 @@ def stage_eval(config, workdir, out, k):
 def _eval_miniwob(config, out, policy) -> float:
   """The policy on a few MiniWoB++ episodes (out of domain for the sites-trained policy); success = the task's
   raw reward 1."""
-  names = [n.strip() for n in str(config.eval.miniwob).split(",") if n.strip()]
-  tasks = miniwob.suite(names, seeds=range(int(config.eval.miniwob_seeds)), max_steps=int(config.tasks.max_steps),
-                        split="test")
+  tasks = miniwob.suite(names(config.eval.miniwob), seeds=range(int(config.eval.miniwob_seeds)),
+                        max_steps=int(config.tasks.max_steps), split="test")
   spec = {"kind": "jaxagent.envs.miniwob:MiniWoBEnv", "observation": "a11y", "a11y_keep_unnamed": ["textbox"]}
   trajs = rollout.rollout(spec, config.env, policy, tasks, os.path.join(out, "miniwob"), judge=None,
                           name="miniwob_eval")
@@ -220,8 +219,8 @@ def collect_results(config, summaries: dict) -> dict:
 def training_intents(config, workdir) -> set[str]:
   """Every intent the run trains on: the teacher's IL queries and every iteration's exploration queries (a
   `released` teacher's folders are its own and are not checked)."""
-  names = ["il"] + [f"iter{k}" for k in range(1, int(config.iterations) + 1)]
-  return {t.intent for name in names for t in _queries(workdir, name)}
+  stages = ["il"] + [f"iter{k}" for k in range(1, int(config.iterations) + 1)]
+  return {t.intent for name in stages for t in _queries(workdir, name)}
 
 
 def held_out(config, workdir) -> bool:

@@ -29,6 +29,7 @@ from jaxagent import openai_client, types
 from jaxagent.agents import webrl as fmt
 from jaxagent.pipeline import distributed
 from jaxagent.pipeline import tasks as tasks_lib
+from jaxagent.pipeline.config import names
 from jaxagent.pipeline.stages import read_json, write_json
 from jaxagent.proj.webrl import critic
 
@@ -114,11 +115,11 @@ def mutations(failed: Sequence[types.Task], pool: Sequence[types.Task], n: int, 
   for t in pool:
     if t.meta.get("params") is not None:
       by_family.setdefault(t.meta.get("family", ""), []).append(t)
+  steps = [_mutants(s, by_family, kinds) if "params" in s.meta else {} for s in seeds[:int(n)]]  # once each
   by_template, drawn = _by_template(pool), set()
   out, counts = [], {}
   for k in range(int(n)):
-    seed_task = seeds[k % len(seeds)] if seeds else None
-    found = _mutants(seed_task, by_family, kinds) if seed_task is not None and "params" in seed_task.meta else {}
+    seed_task, found = (seeds[k % len(seeds)], steps[k % len(seeds)]) if seeds else (None, {})
     kind = rng.choice(sorted(found)) if found else "variation"
     if found:
       pick = _pick_fresh(rng, found[kind], drawn)
@@ -281,7 +282,7 @@ def candidates(config, workdir: str, t: int, n: int, out: str) -> tuple[list[typ
   failed = _previous_failures(workdir, t)
   info = {"failed_seeds": len(failed)}
   if config.curriculum.generator == "mutations":
-    kinds = [k for k in str(config.curriculum.kinds).split(",") if k]
+    kinds = names(config.curriculum.kinds)
     found, counts = mutations(failed, pool, n, int(config.seed) + 100 + t, f"p{t}.", kinds)
     return found, {**info, "candidates": len(found), "mutations": counts}
   if config.curriculum.generator != "openai":
