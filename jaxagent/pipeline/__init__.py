@@ -9,7 +9,7 @@
             episode id
   policy    `ModelPolicy` and `load`: a trained actor acting as its `agent.json` says, prompted with the training
             render
-  evaluate  `evaluate_actors(config, actors, tasks, out)`: every actor on the same episodes, one pool;
+  evaluate  `evaluate_actors(config, actors, tasks, out)`: every actor on the same episodes, one scheduling;
             `write_results` with the provenance
   finetune  `finetune(config, workdir, items, agent=..., init_from=...)`: tokenizer → `models.build` → Grain →
             `loop.train`, with any per-sample weight (`weighted_nll`); an actor's `agent.json`

@@ -16,9 +16,10 @@ import numpy as np
 from jaxagent import types
 from jaxagent.judges.evaluators import ProgrammaticJudge
 from jaxagent.pipeline import distributed, report
-from jaxagent.pipeline.policy import load_actor
+from jaxagent.pipeline.policy import agent_format, load_actor
 from jaxagent.pipeline.provenance import with_provenance
 from jaxagent.pipeline.rollout import Rollouts
+from jaxagent.rl.collector import Job
 from jaxagent.pipeline.stages import write_json
 from jaxagent.pipeline.tasks import errored_count, success_rate
 from jaxagent.train.metrics import MetricWriter
@@ -36,33 +37,50 @@ def summary(trajs: Sequence[types.Trajectory], temperature: float) -> dict[str, 
 
 def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Sequence[types.Task], out: str, *,
                     env_spec: dict, judge: types.Judge | JudgeFor | None = None, gamma: float = 1.0,
-                    early_stop=None, temperature: float | None = None, seed: int | None = None,
+                    early_stop=None, temperature: float | Mapping[str, float] | None = None,
+                    seed: int | None = None,
                     extra: Callable[[str, types.Policy, list[types.Trajectory]], dict] | None = None
                     ) -> dict[str, dict]:
   """Every actor in `actors` (name → model directory or policy) on `tasks`, at `temperature` (default
-  `config.eval.temperature`) with sampling seed `seed` (default `config.eval.seed`), judged by `judge` (default
+  `config.eval.temperature`; a mapping gives each actor its own) with sampling seed `seed` (default `config.eval.seed`), judged by `judge` (default
   the programmatic judge; a callable gets the store directory), each episode ending by `early_stop` (default the
-  actor's format's own rule, `AgentFormat.early_stop`). Returns name → `summary`, each episode's outcome and strata
+  actor's format's own rule, `AgentFormat.early_stop`). All actors' episodes are one scheduling over the pool
+  (`rl.collector.collect_jobs`): the next actor, loaded when its first episode starts, takes the workers the last
+  one's final episodes leave free. Returns name → `summary`, each episode's outcome and strata
   (`report.outcomes`: what pairs policies and seeds later) and `extra(name, policy, trajectories)`; a restarted
   evaluation keeps the episodes already stored."""
-  temperature = float(config.eval.temperature if temperature is None else temperature)
+  temperature = config.eval.temperature if temperature is None else temperature
+  temperature_of = lambda name: float(temperature[name] if isinstance(temperature, Mapping) else temperature)
   seed = int(config.eval.seed if seed is None else seed)
+  stats: dict[str, Any] = {}  # each loaded policy's counters (no weights: those go when its episodes end)
+  kept: dict[str, types.Policy] = {}  # the policies `extra` reads after the run
+
+  def loader(name: str, actor: str | types.Policy) -> Callable[[], types.Policy]:
+    def load() -> types.Policy:
+      policy = load_actor(config, actor, temperature_of(name), seed) if isinstance(actor, str) else actor
+      stats[name] = getattr(policy, "stats", None)
+      if extra is not None:
+        kept[name] = policy
+      return policy
+    return load
+
+  jobs = []
+  for name, actor in actors.items():
+    fmt = agent_format(actor) if isinstance(actor, str) else getattr(actor, "fmt", None)
+    stop = early_stop if early_stop is not None else getattr(fmt, "early_stop", None)
+    judged_by = judge(os.path.join(out, name)) if callable(judge) and not hasattr(judge, "evaluate") else judge
+    jobs.append(Job(loader(name, actor), tasks, store=os.path.join(out, name), gamma=gamma,
+                    judge=judged_by or ProgrammaticJudge(), policy_name=name, keep_screenshots=False,
+                    early_stop=stop))
   results, writer = {}, MetricWriter(out)
   try:
     with Rollouts(env_spec, config.env, bool(config.train.progress_bar)) as pool:
-      for name, actor in actors.items():
-        store = os.path.join(out, name)
-        policy = load_actor(config, actor, temperature, seed) if isinstance(actor, str) else actor
-        judged_by = judge(store) if callable(judge) and not hasattr(judge, "evaluate") else judge
-        stop = early_stop if early_stop is not None else getattr(getattr(policy, "fmt", None), "early_stop", None)
-        trajs = pool.run(policy, tasks, store, judge=judged_by or ProgrammaticJudge(), name=name, gamma=gamma,
-                         early_stop=stop)
-        results[name] = {**summary(trajs, temperature), **report.outcomes(trajs)}
-        stats = getattr(policy, "stats", None)
-        if isinstance(stats, Mapping):  # a model's rows whose prompt did not fit (an empty reply each)
-          results[name]["too_long_prompts"] = int(stats.get("too_long", 0))
+      for name, job, trajs in zip(actors, jobs, pool.run_jobs(jobs)):
+        results[name] = {**summary(trajs, temperature_of(name)), **report.outcomes(trajs)}
+        if isinstance(stats.get(name), Mapping):  # a model's rows whose prompt did not fit (an empty reply each)
+          results[name]["too_long_prompts"] = int(stats[name].get("too_long", 0))
         if extra is not None:
-          results[name].update(extra(name, policy, trajs))
+          results[name].update(extra(name, kept.pop(name, None) or job.policy(), trajs))
         writer.write_scalars(0, {f"eval/{name}_success_rate": results[name]["success_rate"]})
   finally:
     writer.close()

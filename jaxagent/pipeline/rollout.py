@@ -17,6 +17,7 @@ order they first appear.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any, Callable, Iterator, Sequence
@@ -28,7 +29,7 @@ from jaxagent.envs.pool import EnvPool
 from jaxagent.envs.sites import server
 from jaxagent.pipeline import distributed
 from jaxagent.pipeline.stages import write_text
-from jaxagent.rl.collector import collect
+from jaxagent.rl.collector import Job, collect_jobs
 
 ORDER = "order.txt"  # the task ids of the store's rollouts, one a line, in task order
 _SHARD = re.compile(r"shard(\d+)")
@@ -177,21 +178,37 @@ class Rollouts:
     text (see `rl.collector.collect`); `process` = (index, count) to run as (default: this JAX process's); `meta`
     is added to every new trajectory's `meta` (e.g. the behaviour policy's version and lag); `early_stop` ends an
     episode early when it gives a reason (`rl.collector.collect`)."""
-    store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
-    index, count = process or (distributed.process_index(), distributed.process_count())
-    have, errored = stored_ids(store), errored_counts(store)
-    budget = 1 + int(self.env.get("errored_retries", 0))
-    todo = [t for t in distributed.shard(tasks, index, count) if t.id not in have or 0 < errored.get(t.id, 0) < budget]
-    if index == 0:
-      record_order(store.path, [t.id for t in tasks])
-    if todo:
-      writer = store if count == 1 else TrajectoryStore(shard_dir(store.path, index))
-      collect(self._pool(len(todo)), policy, parse or policy.fmt.parse, todo, store=writer, judge=judge,
-              gamma=gamma, obs_text=obs_text, progress=self.progress, policy_name=name, keep_screenshots=False,
+    job = Job(policy, tasks, parse, store, gamma, judge, obs_text, name, keep_screenshots=False,
               prepare=(lambda traj: traj.meta.update(meta)) if meta else None, early_stop=early_stop)
-    distributed.barrier(f"rollouts {name} into {os.path.basename(store.path)}")  # every shard complete
-    by_id = stored_by_id(store)
-    return [by_id[t.id] for t in tasks if t.id in by_id]
+    return self.run_jobs([job], process)[0]
+
+  def run_jobs(self, jobs: Sequence[Job], process: tuple[int, int] | None = None) -> list[list[types.Trajectory]]:
+    """`run` for several policies in one scheduling (`rl.collector.collect_jobs`): each job's `store` (a path or
+    a `TrajectoryStore`) keeps its episodes and resumes them as `run` does; its `policy` may be a loader called
+    when its first episode starts. Returns each job's trajectories."""
+    index, count = process or (distributed.process_index(), distributed.process_count())
+    stores, todo_jobs = [], []
+    for job in jobs:
+      store = job.store if isinstance(job.store, TrajectoryStore) else TrajectoryStore(job.store)
+      have, errored = stored_ids(store), errored_counts(store)
+      budget = 1 + int(self.env.get("errored_retries", 0))
+      todo = [t for t in distributed.shard(job.tasks, index, count)
+              if t.id not in have or 0 < errored.get(t.id, 0) < budget]
+      if index == 0:
+        record_order(store.path, [t.id for t in job.tasks])
+      if todo:
+        writer = store if count == 1 else TrajectoryStore(shard_dir(store.path, index))
+        todo_jobs.append(dataclasses.replace(job, tasks=todo, store=writer))
+      stores.append(store)
+    if todo_jobs:
+      collect_jobs(self._pool(sum(len(j.tasks) for j in todo_jobs)), todo_jobs, self.progress)
+    names = ", ".join(job.policy_name for job in jobs)
+    distributed.barrier(f"rollouts {names} into {os.path.basename(stores[0].path) if stores else ''}")
+    out = []
+    for job, store in zip(jobs, stores):
+      by_id = stored_by_id(store)
+      out.append([by_id[t.id] for t in job.tasks if t.id in by_id])
+    return out
 
 
 def rollout(env_spec: dict[str, Any], env, policy: types.Policy, tasks: Sequence[types.Task],

@@ -223,14 +223,16 @@ def stage_eval(config, workdir, out):
   trained = lambda stage: os.path.join(workdir, stage if os.path.isdir(os.path.join(workdir, stage, "checkpoints"))
                                        else "il")
   tasks, spec, gamma = test_episodes(config, workdir), device.env_spec(config), float(config.critic.gamma)
-  reused = behaviour_rollouts(config, workdir)
-  if reused is not None:
-    results = {"behaviour": {**summary(reused, config.behaviour.temperature), "rollouts": "behaviour stage"}}
-  else:
-    results = evaluate_actors(config, {"behaviour": trained("il")}, tasks, out, env_spec=spec, gamma=gamma,
-                              temperature=config.behaviour.temperature)
   actors = {"il_actor": trained("il"), "filtered_bc_actor": trained("filtered_bc"), "digiq_actor": trained("actor")}
-  results.update(evaluate_actors(config, actors, tasks, out, env_spec=spec, gamma=gamma))
+  temperatures = dict.fromkeys(actors, float(config.eval.temperature))
+  reused = behaviour_rollouts(config, workdir)
+  if reused is None:  # one scheduling of all four
+    actors, temperatures["behaviour"] = {"behaviour": trained("il"), **actors}, float(config.behaviour.temperature)
+  results = evaluate_actors(config, actors, tasks, out, env_spec=spec, gamma=gamma, temperature=temperatures)
+  if reused is not None:
+    results = {"behaviour": {**summary(reused, config.behaviour.temperature), "rollouts": "behaviour stage"},
+               **results}
+  actors.pop("behaviour", None)
   results.update(evaluate_control(config, actors, workdir, out, env_spec=spec, gamma=gamma))
   results["digiq_minus_il"] = results["digiq_actor"]["success_rate"] - results["il_actor"]["success_rate"]
   results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]

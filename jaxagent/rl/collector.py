@@ -32,15 +32,37 @@ ObsText = Callable[[types.Task, types.Observation, list[types.Step]], str]
 
 @dataclasses.dataclass
 class _Live:
-  index: int  # position in `tasks`
+  index: int  # position in its job's `tasks`
   traj: types.Trajectory
   obs: types.Observation | None = None
+  job: int = 0
 
 
 def _default_obs_text(parse) -> ObsText | None:
   """An agent format's `observation_text`, when `parse` is its bound `parse` method."""
   owner = getattr(parse, "__self__", None)
   return getattr(owner, "observation_text", None)
+
+
+@dataclasses.dataclass
+class Job:
+  """One policy's episodes in `collect_jobs` (the arguments of `collect`, which see).
+
+  `policy` may be a zero-argument callable that returns it: it is called when the job's first episode starts and
+  its result dropped once its last episode ends, so that a run of several jobs holds at most two policies at a
+  time (the one finishing its last episodes and the next). `parse` defaults to the policy's `fmt.parse`.
+  """
+  policy: types.Policy | Callable[[], types.Policy]
+  tasks: Sequence[types.Task]
+  parse: Callable[[str], types.Action] | None = None
+  store: TrajectoryStore | None = None
+  gamma: float = 1.0
+  judge: types.Judge | None = None
+  obs_text: ObsText | None = None
+  policy_name: str = ""
+  keep_screenshots: bool = True
+  prepare: Callable[[types.Trajectory], None] | None = None
+  early_stop: Callable[[list[types.Step]], str] | None = None
 
 
 def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Action],
@@ -66,33 +88,52 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
       (VAB `run.py`): status "completed", answer "Early stop: <reason>" (what the judge reads), the reason
       in `meta["early_stop"]`.
   """
-  obs_text = obs_text or _default_obs_text(parse)
-  queue = collections.deque(enumerate(tasks))
+  job = Job(policy, tasks, parse, store, gamma, judge, obs_text, policy_name, keep_screenshots, prepare, early_stop)
+  return collect_jobs(pool, [job], progress)[0]
+
+
+def collect_jobs(pool: EnvPool, jobs: Sequence[Job], progress: bool = True) -> list[list[types.Trajectory]]:
+  """Every job's tasks once, in one queue over the pool: a slot freed by one job's last episodes starts the next
+  job's first, so no worker idles between policies. Each round calls each job's policy once on its live episodes.
+  Returns each job's trajectories in its task order."""
+  queue = collections.deque((j, i, task) for j, job in enumerate(jobs) for i, task in enumerate(job.tasks))
+  remaining = collections.Counter(j for j, _, _ in queue)
+  policies: dict[int, types.Policy] = {}
+  parsers: dict[int, Callable[[str], types.Action]] = {}
   live: dict[int, _Live] = {}
-  done: list[types.Trajectory | None] = [None] * len(tasks)
-  bar = _Progress(len(tasks), progress)
+  done: list[list[types.Trajectory | None]] = [[None] * len(job.tasks) for job in jobs]
+  bar = _Progress(len(queue), progress)
+
+  def start_job(j: int) -> None:
+    if j not in policies:
+      job = jobs[j]
+      policy = job.policy if hasattr(job.policy, "act") else job.policy()
+      policies[j], parsers[j] = policy, job.parse or policy.fmt.parse
 
   def finish(slot: int, status: str, error: str = "") -> None:
     ep = live.pop(slot)
-    traj = ep.traj
+    job, traj = jobs[ep.job], ep.traj
     traj.status, traj.error = status, error
     traj.final_observation = ep.obs
-    returns = mc_return(np.array([s.reward for s in traj.steps], np.float32), gamma)
+    returns = mc_return(np.array([s.reward for s in traj.steps], np.float32), job.gamma)
     for s, g in zip(traj.steps, returns):
       s.mc_return = float(g)
-    if judge is not None and status != "errored":
-      verdict = judge.evaluate(traj.task, traj)
+    if job.judge is not None and status != "errored":
+      verdict = job.judge.evaluate(traj.task, traj)
       traj.success, traj.verdict_reason = verdict.success, verdict.reason
-    if prepare is not None:
-      prepare(traj)
-    if store is not None:
-      store.append(traj)
-    if not keep_screenshots:
+    if job.prepare is not None:
+      job.prepare(traj)
+    if job.store is not None:
+      job.store.append(traj)
+    if not job.keep_screenshots:
       for o in [s.observation for s in traj.steps] + [traj.final_observation]:
         if o is not None:
           o.screenshot = None
-    done[ep.index] = traj
+    done[ep.job][ep.index] = traj
     bar.update(traj)
+    remaining[ep.job] -= 1
+    if not remaining[ep.job]:
+      policies.pop(ep.job, None)  # a lazily loaded policy's weights go once its episodes are all done
 
   def started(slot: int, result: SlotResult) -> None:
     ep = live[slot]
@@ -113,18 +154,21 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
     while queue or live:
       for slot in range(len(pool)):
         if slot not in live and queue:
-          index, task = queue.popleft()
-          live[slot] = _Live(index, types.Trajectory(task, policy=policy_name))
+          j, index, task = queue.popleft()
+          start_job(j)
+          live[slot] = _Live(index, types.Trajectory(task, policy=jobs[j].policy_name), job=j)
           resets[slot] = task
       results = pool.advance(resets=resets, steps=steps)
       for slot in resets:
         started(slot, results[slot])
       for slot, action in steps.items():
         result, ep = results[slot], live[slot]
+        job = jobs[ep.job]
         if result.errored or result.restarted:
           started(slot, result)
           continue
         history = list(ep.traj.steps)
+        obs_text = job.obs_text or _default_obs_text(parsers[ep.job])
         ep.traj.steps.append(types.Step(
             step=len(history), obs_text=obs_text(ep.traj.task, ep.obs, history) if obs_text else "",
             action_text=texts[slot], action=action, reward=result.reward, done=result.done, url=ep.obs.url,
@@ -138,18 +182,18 @@ def collect(pool: EnvPool, policy: types.Policy, parse: Callable[[str], types.Ac
           finish(slot, "truncated" if result.info.get("truncated") else "completed")
         elif len(ep.traj.steps) >= ep.traj.task.max_steps:
           finish(slot, "truncated")
-        elif early_stop is not None and (reason := early_stop(ep.traj.steps)):
+        elif job.early_stop is not None and (reason := job.early_stop(ep.traj.steps)):
           ep.traj.meta["early_stop"], ep.traj.answer = reason, f"Early stop: {reason}"
           finish(slot, "completed")
       resets, steps, texts = {}, {}, {}
-      if live:
-        slots = sorted(live)
-        outs = policy.act([live[s].obs for s in slots], [list(live[s].traj.steps) for s in slots])
+      for j in sorted({ep.job for ep in live.values()}):
+        slots = sorted(s for s, ep in live.items() if ep.job == j)
+        outs = policies[j].act([live[s].obs for s in slots], [list(live[s].traj.steps) for s in slots])
         if len(outs) != len(slots):
           raise ValueError(f"policy.act returned {len(outs)} texts for {len(slots)} observations")
         for slot, text in zip(slots, outs):
           texts[slot] = text
-          steps[slot] = parse(text)
+          steps[slot] = parsers[j](text)
   finally:
     bar.close()
   return done  # type: ignore[return-value]

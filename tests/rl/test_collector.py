@@ -4,6 +4,7 @@ Runs a small deterministic env defined here (`GuessEnv`: say the number the page
 the same collector on real Chromium/MiniWoB++ is exercised by `tests/envs/test_pool_miniwob.py`.
 """
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -192,3 +193,35 @@ def test_early_stop_ends_an_episode_with_its_reason(pool, tmp_path):
   assert t.status == "completed" and len(t.steps) == 3 and "early_stop" not in t.meta and not t.answer
   t = collector.collect(pool, ConstantPolicy("garbage"), parse, tasks[:1], progress=False)[0]
   assert t.status == "truncated" and len(t.steps) == 9 and "early_stop" not in t.meta
+
+
+def test_several_policies_share_one_scheduling_and_load_lazily(pool, tmp_path):
+  """Job b's first episode takes the slot job a's last episodes leave free, so the two together take fewer pool
+  rounds than one after the other; b, given as a loader, is loaded once, when its first episode starts; each round
+  calls each live job's policy once, on its own episodes alone."""
+  a_tasks = [_task(i, fumbles=3 if i == 0 else 0) for i in range(4)]
+  b_tasks = [dataclasses.replace(_task(i), id=f"b{i}", start_url=f"guess://b{i}") for i in range(3)]
+  a, b, loads = ScriptedPolicy(), ScriptedPolicy(), []
+
+  def load_b():
+    loads.append(len(a.batches))
+    return b
+
+  first_round = len(pool.rounds)
+  out = collector.collect_jobs(pool, [
+      collector.Job(a, a_tasks, parse, TrajectoryStore(tmp_path / "a"), judge=RewardJudge(), policy_name="a"),
+      collector.Job(load_b, b_tasks, parse, TrajectoryStore(tmp_path / "b"), judge=RewardJudge(), policy_name="b"),
+  ], progress=False)
+  together = len(pool.rounds) - first_round
+  assert [[t.task.id for t in trajs] for trajs in out] == [[t.id for t in a_tasks], [t.id for t in b_tasks]]
+  assert all(t.status == "completed" and t.success == 1.0 for trajs in out for t in trajs)
+  assert {t.policy for t in out[0]} == {"a"} and {t.policy for t in out[1]} == {"b"}
+  assert len(TrajectoryStore(tmp_path / "a")) == 4 and len(TrajectoryStore(tmp_path / "b")) == 3
+  assert all(url.startswith("guess://g") for batch in a.batches for url in batch)
+  assert all(url.startswith("guess://b") for batch in b.batches for url in batch)
+  assert len(loads) == 1 and 1 <= loads[0] < len(a.batches), "b starts while a's last episode still runs"
+
+  first_round = len(pool.rounds)
+  collector.collect(pool, ScriptedPolicy(), parse, a_tasks, progress=False)
+  collector.collect(pool, ScriptedPolicy(), parse, b_tasks, progress=False)
+  assert together < len(pool.rounds) - first_round
