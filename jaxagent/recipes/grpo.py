@@ -19,9 +19,9 @@ run skips finished stages and resumes the rounds from the learner's last checkpo
 
 from __future__ import annotations
 
-import collections
 import os
 import random
+import time
 
 from jaxagent.agents.webrl import WebRL
 from jaxagent.data import conversation
@@ -29,6 +29,7 @@ from jaxagent.data.tokenizer import fit_tokenizer
 from jaxagent.envs import miniwob
 from jaxagent.judges.programmatic import RewardJudge
 from jaxagent.pipeline import device, report
+from jaxagent.pipeline.async_collect import AsyncCollector, behaviour_version
 from jaxagent.pipeline.config import names, stage_config
 from jaxagent.pipeline.evaluate import evaluate_actors, write_results
 from jaxagent.pipeline.finetune import finetune
@@ -89,40 +90,47 @@ def stage_il(config, workdir, out):
 
 
 def stage_grpo(config, workdir, out):
-  """The rounds; `rounds.jsonl` holds each one's training success, mean return, identical-reset check and loss."""
-  g = config.grpo
+  """The rounds; `rounds.json` holds each one's training success, mean return, identical-reset check, loss, and
+  times (`collect_s` its rollouts took, `wait_s` the learner waited for them).
+  With `grpo.max_lag` L > 0 a thread collects the rounds up to r + L while the learner trains on round r
+  (`pipeline.async_collect`): collection and updates overlap, each round acting with weights L updates old (its
+  episodes' `meta["policy_lag"]`)."""
+  g, lag = config.grpo, int(config.grpo.max_lag)
   learner = Learner(config, stage_config(config, g), os.path.join(workdir, "il"), os.path.join(out, "actor"),
                     agent_format(config))
-  policy = load_actor(config, os.path.join(workdir, "il"), float(g.temperature), int(config.seed))
-  if learner.round:
-    policy.set_weights(learner.weights())
-  lagged = collections.deque([learner.weights()] if int(g.max_lag) and learner.round else [], int(g.max_lag) + 1)
-  train = suite(workdir, "train")
-  log = []
+  policy = load_actor(config, os.path.join(workdir, "il"), float(g.temperature), int(config.seed))  # the collector's
+  train, done_rounds, log = suite(workdir, "train"), learner.round, []
+
+  def collect(i, weights):  # round i + 1 by the weights `behaviour_version(i, lag)`; in the collector's thread
+    r, t0 = i + 1, time.monotonic()
+    policy.set_weights(weights)
+    picked = random.Random(int(config.seed) * 100_003 + r).sample(train, int(g.tasks_per_round))
+    trajs = pool.run(policy, groups.group_episodes(picked, int(g.group_size), r),
+                     os.path.join(out, "rounds", f"round{r}"), judge=RewardJudge(), name=f"grpo@round{r}",
+                     gamma=1.0, early_stop=policy.fmt.early_stop, meta={"policy_lag": i - behaviour_version(i, lag)})
+    return trajs, time.monotonic() - t0
+
   try:
-    with Rollouts(env_spec(), config.env, bool(config.train.progress_bar)) as pool:
-      for r in range(learner.round + 1, int(g.rounds) + 1):
-        if lagged and len(lagged) > int(g.max_lag):
-          policy.set_weights(lagged[0])  # act with the weights max_lag rounds old
-        picked = random.Random(int(config.seed) * 100_003 + r).sample(train, int(g.tasks_per_round))
-        episodes = groups.group_episodes(picked, int(g.group_size), r)
-        trajs = pool.run(policy, episodes, os.path.join(out, "rounds", f"round{r}"), judge=RewardJudge(),
-                         name=f"grpo@round{r}", gamma=1.0, early_stop=policy.fmt.early_stop)
+    with Rollouts(env_spec(), config.env, bool(config.train.progress_bar)) as pool, AsyncCollector(
+        collect, int(g.rounds), lag, done=lambda i: i < done_rounds) as collector:
+      for version in range(max(0, done_rounds - lag), done_rounds + 1):  # a resumed run has its last weights only
+        collector.publish(version, learner.weights())
+      for i in range(done_rounds, int(g.rounds)):
+        r, t0 = i + 1, time.monotonic()
+        trajs, collect_s = collector.result(i)
+        timing = {"collect_s": collect_s, "wait_s": time.monotonic() - t0}  # the wait: what overlap did not hide
         adv = groups.step_advantages(trajs, str(g.advantage), float(g.gigpo_gamma), float(g.step_weight))
         rows = [{"prompt_ids": s.prompt_ids, "reply_ids": s.reply_ids, "logprobs": s.reply_logprobs,
                  "advantage": float(a)} for t, a_t in zip(trajs, adv) for s, a in zip(t.steps, a_t)
                 if s.reply_ids]
-        metrics = learner.update(rows, lagged=int(g.max_lag) > 0, seed=int(config.seed) * 7919 + r)
+        metrics = learner.update(rows, lagged=lag > 0, seed=int(config.seed) * 7919 + r)
         metrics.update(success_rate=success_rate(trajs), identical_resets=groups.identical_resets(trajs),
-                       mean_return=sum(map(groups.episode_return, trajs)) / max(len(trajs), 1), round=r)
+                       mean_return=sum(map(groups.episode_return, trajs)) / max(len(trajs), 1), round=r, **timing)
         learner.end_round(r, metrics, force=r == int(g.rounds))
         log.append(metrics)
         print(f"grpo round {r}: success {metrics['success_rate']:.2f} return {metrics['mean_return']:+.2f} "
               f"updates {metrics['updates']}", flush=True)
-        if int(g.max_lag):
-          lagged.append(learner.weights())
-        else:
-          policy.set_weights(learner.weights())
+        collector.publish(r, learner.weights())
   finally:
     learner.close()
   write_json(os.path.join(out, "rounds.json"), log)

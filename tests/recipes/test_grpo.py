@@ -95,3 +95,24 @@ def test_config_is_refused_before_any_work():
   config.tasks.names = "click-buton"
   with pytest.raises(ConfigError, match="tasks.names"):
     grpo.check_config(config)
+
+
+@pytest.mark.slow
+def test_lagged_rounds_are_collected_while_the_learner_trains(pipeline, tmp_path):
+  """`max_lag=1` on the same IL start: round 1 acts with the start (lag 0), later rounds with the weights one update
+  old, and round 2's collection runs beside round 1's update, so the learner waits less for it than it took."""
+  config, workdir, _ = pipeline
+  config = grpo_config.get_config("smoke")
+  config.grpo.update(max_lag=1, rounds=3)
+  lagged = str(tmp_path / "lagged")
+  for stage in ("tasks", "il"):
+    shutil.copytree(os.path.join(workdir, stage), os.path.join(lagged, stage))
+  out = os.path.join(lagged, "grpo")
+  grpo.stage_grpo(config, lagged, out)
+  for r, lag in ((1, 0), (2, 1), (3, 1)):
+    trajs = _round(lagged, r)
+    assert trajs and {t.meta["policy_lag"] for t in trajs} == {lag}, r
+  with open(os.path.join(out, "rounds.json")) as f:
+    log = json.load(f)
+  assert [m["round"] for m in log] == [1, 2, 3]
+  assert log[1]["wait_s"] < log[1]["collect_s"], log[1]
