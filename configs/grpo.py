@@ -18,7 +18,7 @@ Keys a researcher changes first:
   grpo.kl_coef         β of the k3 KL to the IL start (verl-agent's 0.01; 0 = none, and no reference is scored)
   grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.)
   grpo.max_lag         rounds collected by weights this many rounds old, corrected by decoupled PPO (behaviour
-                       weights capped at `behaviour_weight_cap`); collection still alternates with updates here
+                       weights capped at `behaviour_weight_cap`), in a thread beside the learner's updates
   model.lora.rank      > 0 trains low-rank adapters only (the SmolLM2 variant)
 
 Variants (`configs/grpo.py:<name>`):

@@ -94,7 +94,8 @@ def names(value) -> list[str]:
 def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[str, Sequence[str]] = ()) -> None:
   """Refuses, naming the key: a value of `choices[key]` outside its allowed values, a comma-separated value of
   `lists[key]` with a name outside its allowed names (or none), a required key left unset (None: a variant's
-  placeholder), a count (`COUNT_KEYS`) below 0, and a local path (`PATH_KEYS`) that does not exist."""
+  placeholder), a count (`COUNT_KEYS`) below 0, a `max_lag` > 0 in a multi-process run (`distributed`), and a
+  local path (`PATH_KEYS`) that does not exist."""
   choices, lists = dict(choices), dict(lists)
   for key, allowed in choices.items():
     value = _get(config, key)
@@ -124,6 +125,10 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
                         f"set --config.{key}=...")
     if key.rsplit(".", 1)[-1] in COUNT_KEYS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
       raise ConfigError(f"config.{key}={value!r}: must be a whole number >= 0; set --config.{key}=0 (or more)")
+    if key.rsplit(".", 1)[-1] == "max_lag" and value and config.get("distributed", False):
+      raise ConfigError(f"config.{key}={value!r}: lagged rounds are collected in a thread beside the learner, whose "
+                        f"collectives the thread's barriers would interleave across processes; with "
+                        f"config.distributed set --config.{key}=0")
     named = value in NAMED_PATHS.get(key.rsplit(".", 1)[-1], ("default",))
     if key.rsplit(".", 1)[-1] in PATH_KEYS and value and not named and not os.path.exists(value):
       raise ConfigError(f"config.{key}={value!r}: no such file or directory; give a local path "

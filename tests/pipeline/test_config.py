@@ -84,6 +84,18 @@ def test_a_negative_policy_lag_is_refused_naming_the_key():
     validate(config, digirl.CHOICES)
 
 
+
+def test_a_policy_lag_in_a_multi_process_run_is_refused_naming_the_key():
+  config = digirl_config.get_config(None)
+  config.online.max_lag, config.distributed = 1, False
+  validate(config, digirl.CHOICES)
+  config.distributed = True
+  with pytest.raises(ConfigError, match=r"config.online.max_lag=1: .* set --config.online.max_lag=0"):
+    validate(config, digirl.CHOICES)
+  config.online.max_lag = 0
+  validate(config, digirl.CHOICES)
+
+
 @pytest.mark.parametrize("args,key", [(["--config=configs/digiq.py", "--config.critic.advantage_estimation=MC"],
                                        "critic.advantage_estimation"),
                                       (["--config=configs/digiq.py:paper"], "model.hf_checkpoint")])
