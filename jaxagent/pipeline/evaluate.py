@@ -42,9 +42,9 @@ def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Seq
                     extra: Callable[[str, types.Policy, list[types.Trajectory]], dict] | None = None
                     ) -> dict[str, dict]:
   """Every actor in `actors` (name → model directory or policy) on `tasks`, at `temperature` (default
-  `config.eval.temperature`; a mapping gives each actor its own) with sampling seed `seed` (default `config.eval.seed`), judged by `judge` (default
-  the programmatic judge; a callable gets the store directory), each episode ending by `early_stop` (default the
-  actor's format's own rule, `AgentFormat.early_stop`). All actors' episodes are one scheduling over the pool
+  `config.eval.temperature`; a mapping gives each actor its own) with sampling seed `seed` (default
+  `config.eval.seed`), judged by `judge` (default the programmatic judge; a callable gets the store directory),
+  each episode ending by `early_stop` (default the actor's format's own rule, `AgentFormat.early_stop`). All actors' episodes are one scheduling over the pool
   (`rl.collector.collect_jobs`): the next actor, loaded when its first episode starts, takes the workers the last
   one's final episodes leave free. Returns name → `summary`, each episode's outcome and strata
   (`report.outcomes`: what pairs policies and seeds later) and `extra(name, policy, trajectories)`; a restarted

@@ -1,10 +1,11 @@
 """Rollouts: a `Policy` driving every slot of an `EnvPool`, one batched policy call per step.
 
 Each round, the observations of all live episodes go to ONE `policy.act(observations, histories)` call (a
-model batches them into one forward pass); the texts are parsed into actions (`parse` never raises: an
-unparsable text is an `invalid` action, which the env executes as a no-op and whose reason comes back in the
-next observation's `error`), and the pool steps all slots at once while slots whose episode just ended are
-reset with the next task in the same round, so no browser idles while tasks remain.
+model batches them into one forward pass; one call per policy when several share the pool, `collect_jobs`); the
+texts are parsed into actions (`parse` never raises: an unparsable text is an `invalid` action, which the env
+executes as a no-op and whose reason comes back in the next observation's `error`), and the pool steps all slots
+at once while slots whose episode just ended are reset with the next task in the same round, so no browser idles
+while tasks remain.
 
 An episode ends when the env says done, the agent answers (`Action.ends_episode`), it reaches
 `task.max_steps` (status "truncated"), or `early_stop` gives a reason (status "completed"). A crash restarts it
@@ -50,12 +51,13 @@ class Job:
 
   `policy` may be a zero-argument callable that returns it: it is called when the job's first episode starts and
   its result dropped once its last episode ends, so that a run of several jobs holds at most two policies at a
-  time (the one finishing its last episodes and the next). `parse` defaults to the policy's `fmt.parse`.
+  time (the one finishing its last episodes and the next). `parse` defaults to the policy's `fmt.parse`;
+  `store` is a `TrajectoryStore` (`pipeline.rollout.Rollouts.run_jobs` also takes its path).
   """
   policy: types.Policy | Callable[[], types.Policy]
   tasks: Sequence[types.Task]
   parse: Callable[[str], types.Action] | None = None
-  store: TrajectoryStore | None = None
+  store: TrajectoryStore | str | None = None
   gamma: float = 1.0
   judge: types.Judge | None = None
   obs_text: ObsText | None = None
