@@ -19,9 +19,9 @@ from jaxagent.pipeline import distributed, report
 from jaxagent.pipeline.policy import agent_format, load_actor
 from jaxagent.pipeline.provenance import with_provenance
 from jaxagent.pipeline.rollout import Rollouts
-from jaxagent.rl.collector import Job
 from jaxagent.pipeline.stages import write_json
 from jaxagent.pipeline.tasks import errored_count, success_rate
+from jaxagent.rl.collector import Job
 from jaxagent.train.metrics import MetricWriter
 
 JudgeFor = Callable[[str], types.Judge | None]  # the episodes' store directory -> their judge
@@ -44,11 +44,11 @@ def evaluate_actors(config, actors: Mapping[str, str | types.Policy], tasks: Seq
   """Every actor in `actors` (name → model directory or policy) on `tasks`, at `temperature` (default
   `config.eval.temperature`; a mapping gives each actor its own) with sampling seed `seed` (default
   `config.eval.seed`), judged by `judge` (default the programmatic judge; a callable gets the store directory),
-  each episode ending by `early_stop` (default the actor's format's own rule, `AgentFormat.early_stop`). All actors' episodes are one scheduling over the pool
-  (`rl.collector.collect_jobs`): the next actor, loaded when its first episode starts, takes the workers the last
-  one's final episodes leave free. Returns name → `summary`, each episode's outcome and strata
-  (`report.outcomes`: what pairs policies and seeds later) and `extra(name, policy, trajectories)`; a restarted
-  evaluation keeps the episodes already stored."""
+  each episode ending by `early_stop` (default the actor's format's own rule, `AgentFormat.early_stop`). All
+  actors' episodes are one scheduling over the pool (`rl.collector.collect_jobs`): the next actor, loaded when its
+  first episode starts, takes the workers the last one's final episodes leave free. Returns name → `summary`, each
+  episode's outcome and strata (`report.outcomes`: what pairs policies and seeds later) and `extra(name, policy,
+  trajectories)`; a restarted evaluation keeps the episodes already stored."""
   temperature = config.eval.temperature if temperature is None else temperature
   temperature_of = lambda name: float(temperature[name] if isinstance(temperature, Mapping) else temperature)
   seed = int(config.eval.seed if seed is None else seed)

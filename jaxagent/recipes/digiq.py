@@ -224,15 +224,14 @@ def stage_eval(config, workdir, out):
                                        else "il")
   tasks, spec, gamma = test_episodes(config, workdir), device.env_spec(config), float(config.critic.gamma)
   actors = {"il_actor": trained("il"), "filtered_bc_actor": trained("filtered_bc"), "digiq_actor": trained("actor")}
-  temperatures = dict.fromkeys(actors, float(config.eval.temperature))
+  temperatures = {"behaviour": float(config.behaviour.temperature), **dict.fromkeys(actors, config.eval.temperature)}
   reused = behaviour_rollouts(config, workdir)
   if reused is None:  # one scheduling of all four
-    actors, temperatures["behaviour"] = {"behaviour": trained("il"), **actors}, float(config.behaviour.temperature)
-  results = evaluate_actors(config, actors, tasks, out, env_spec=spec, gamma=gamma, temperature=temperatures)
-  if reused is not None:
+    results = evaluate_actors(config, {"behaviour": trained("il"), **actors}, tasks, out, env_spec=spec, gamma=gamma,
+                              temperature=temperatures)
+  else:
     results = {"behaviour": {**summary(reused, config.behaviour.temperature), "rollouts": "behaviour stage"},
-               **results}
-  actors.pop("behaviour", None)
+               **evaluate_actors(config, actors, tasks, out, env_spec=spec, gamma=gamma, temperature=temperatures)}
   results.update(evaluate_control(config, actors, workdir, out, env_spec=spec, gamma=gamma))
   results["digiq_minus_il"] = results["digiq_actor"]["success_rate"] - results["il_actor"]["success_rate"]
   results["digiq_minus_filtered_bc"] = (results["digiq_actor"]["success_rate"]

@@ -102,6 +102,7 @@ def collect_jobs(pool: EnvPool, jobs: Sequence[Job], progress: bool = True) -> l
   remaining = collections.Counter(j for j, _, _ in queue)
   policies: dict[int, types.Policy] = {}
   parsers: dict[int, Callable[[str], types.Action]] = {}
+  obs_texts: dict[int, ObsText | None] = {}
   live: dict[int, _Live] = {}
   done: list[list[types.Trajectory | None]] = [[None] * len(job.tasks) for job in jobs]
   bar = _Progress(len(queue), progress)
@@ -111,6 +112,7 @@ def collect_jobs(pool: EnvPool, jobs: Sequence[Job], progress: bool = True) -> l
       job = jobs[j]
       policy = job.policy if hasattr(job.policy, "act") else job.policy()
       policies[j], parsers[j] = policy, job.parse or policy.fmt.parse
+      obs_texts[j] = job.obs_text or _default_obs_text(parsers[j])
 
   def finish(slot: int, status: str, error: str = "") -> None:
     ep = live.pop(slot)
@@ -169,8 +171,7 @@ def collect_jobs(pool: EnvPool, jobs: Sequence[Job], progress: bool = True) -> l
         if result.errored or result.restarted:
           started(slot, result)
           continue
-        history = list(ep.traj.steps)
-        obs_text = job.obs_text or _default_obs_text(parsers[ep.job])
+        history, obs_text = list(ep.traj.steps), obs_texts[ep.job]
         ep.traj.steps.append(types.Step(
             step=len(history), obs_text=obs_text(ep.traj.task, ep.obs, history) if obs_text else "",
             action_text=texts[slot], action=action, reward=result.reward, done=result.done, url=ep.obs.url,

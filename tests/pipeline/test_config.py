@@ -84,7 +84,6 @@ def test_a_negative_policy_lag_is_refused_naming_the_key():
     validate(config, digirl.CHOICES)
 
 
-
 def test_a_policy_lag_in_a_multi_process_run_is_refused_naming_the_key():
   config = digirl_config.get_config(None)
   config.online.max_lag, config.distributed = 1, False
