@@ -17,6 +17,10 @@ Variants (`configs/openwebvoyager.py:<name>`):
          1516 IL queries, 3 × 480 exploration queries with ≤5 attempts at temperature 1.2, §2.5's training
          hyper-parameters (lr 1e-5 → 1e-6 cosine, warmup 9, 300 iterations of global batch 64, seq 8192,
          clip 1.0, Adam β=(0.9, 0.999), no weight decay); needs accelerators and an API key.
+  bench  the sites benchmark's web profile (`docs/benchmark.md`): every web family at perturbation level 2, IL
+         queries from train_a, exploration from train_c, every headline intent and the control's once; the full
+         tree, as the 16-line cut shows the policy a third of the elements the expert acts on there
+         (docs/results/openwebvoyager.md#bench-tree). Not yet sized: the IL start's size is issue 39's pilot.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import ml_collections
 
 from jaxagent import config_lib
 
-VARIANTS = ("smoke", "paper")
+VARIANTS = ("smoke", "paper", "bench")
 
 
 def get_config(arg=None):
@@ -134,6 +138,10 @@ def get_config(arg=None):
     c.train.grad_accum_steps = 8
     c.optim.warmup_steps = 9  # lr → lr/10 cosine, clip 1.0, Adam β (0.9, 0.999), no decay: the shared defaults
     c.checkpoint.update(every=100, keep=3, async_save=True)
+  elif arg.variant == "bench":
+    c.tasks.update(suite="bench", templates="", level=2)
+    c.observation.max_tree_lines = 0  # the full tree (drop_urls stays: the urls carry the session id)
+    c.data.seq_len = 4096  # ≥ the longest full-tree sample in the embedded tokenizer
   elif arg.variant:
     raise ValueError(f"configs/openwebvoyager.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
   return c

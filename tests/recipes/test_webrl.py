@@ -253,29 +253,15 @@ def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
     webrl.check_config(config)
 
 
+
 @pytest.mark.slow
-def test_the_bench_prompt_shows_every_element_the_expert_acts_on(tmp_path):
+def test_the_bench_prompt_shows_every_element_the_expert_acts_on():
   """Every element the expert clicks or types into on the benchmark's headline is in the bench variant's prompt
   (a policy cannot name an id it is not shown), which the default's cut is not."""
-  from jaxagent.agents.webrl import current_html  # pylint: disable=g-import-not-at-top
-  from jaxagent.envs.sites.expert import ScriptedExpert  # pylint: disable=g-import-not-at-top
-  from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  from data_tools import observability  # pylint: disable=g-import-not-at-top
   config = webrl_config.get_config("bench")
-  tasks = tasks_lib.bench_splits(config, "text")["test"]
-  trajs = device.rollout(config, webrl.env_spec(config, expert=True),
-                         ScriptedExpert("webrl", **webrl.format_options(config)), tasks, str(tmp_path / "store"),
-                         "scripted_expert:webrl", gamma=0.9)
-  assert len(trajs) == len(tasks) >= 200 and all(t.success == 1.0 for t in trajs)
-
-  def hidden(max_chars):
-    fmt = WebRL(**{**webrl.format_options(config), "max_prompt_chars": max_chars})
-    out = 0
-    for t in trajs:
-      for i, s in enumerate(t.steps):
-        element = s.action.element if s.action is not None else None
-        out += element is not None and f'id="{element}"' not in current_html(
-            fmt.build_prompt(t.task, s.observation, t.steps[:i]))
-    return out
-
-  assert hidden(int(config.prompt_chars)) == 0
-  assert hidden(int(webrl_config.get_config().prompt_chars)) > 0
+  total = observability.measure(config)["total"]
+  assert total["intents"] == total["expert_successes"] >= 200
+  assert total["shown"] == total["element_steps"] > 0 and total["intents_every_element_shown"] == total["intents"]
+  config.prompt_chars = webrl_config.get_config().prompt_chars
+  assert observability.measure(config)["total"]["shown"] < total["element_steps"]

@@ -1,0 +1,126 @@
+"""Can a recipe's policy see what it must act on? The scripted expert plays a sites-benchmark split in the recipe's
+env, and every step that names an element is checked against the observation the recipe's agent format shows.
+
+  python data_tools/observability.py --config configs/webrl.py:bench
+  python data_tools/observability.py --config configs/webrl.py:bench --set prompt_chars=2048
+  python data_tools/observability.py --config configs/openwebvoyager.py --set tasks.suite=bench \
+      --set tasks.templates= --set observation.max_tree_lines=0 --episodes 60
+
+Per family: the steps that name an element, how many of those elements the observation shows, how many the
+full page's observation does not list at all (no cut can show them), and the intents with every element shown.
+An intent whose element the policy is never shown can be solved only by guessing its id. Text observations
+only: WebRL's simplified HTML (the text backend) and OpenWebVoyager's accessibility tree (Chromium).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import json
+import re
+import tempfile
+
+from jaxagent.envs.sites.expert import ScriptedExpert
+from jaxagent.main import load_config_file
+from jaxagent.pipeline import device
+from jaxagent.pipeline.tasks import draw_episodes
+
+
+def _webrl(config):
+  from jaxagent.agents.webrl import current_html  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
+  fmt = webrl.agent_format(config)
+  full = webrl.WebRL(**{**webrl.format_options(config), "max_prompt_chars": 10 ** 9})
+  shown = lambda f, task, obs, history: current_html(f.build_prompt(task, obs, history))  # noqa: E731
+  return (webrl.env_spec(config, expert=True), ScriptedExpert("webrl", **webrl.format_options(config)),
+          lambda *a: shown(fmt, *a), lambda *a: shown(full, *a), lambda el: f'id="{el}"')
+
+
+def _openwebvoyager(config):
+  from jaxagent.agents.openwebvoyager import compact_tree  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import openwebvoyager  # pylint: disable=g-import-not-at-top
+  o = config.observation
+  def shown(lines):
+    return lambda task, obs, history: compact_tree(obs.a11y_tree or "", lines, bool(o.drop_urls))
+  return (openwebvoyager.env_spec(config, oracle_targets=True), ScriptedExpert("openwebvoyager"),
+          shown(int(o.max_tree_lines)), shown(0), lambda el: f"[{el}]")
+
+
+RECIPES = {"webrl": _webrl, "openwebvoyager": _openwebvoyager}
+
+
+def override(config, assignment: str) -> None:
+  """`key.path=value` on `config` (the value a Python literal, else a string), refusing an unknown key."""
+  key, _, value = assignment.partition("=")
+  *path, name = key.split(".")
+  node = config
+  for part in path:
+    node = node[part]
+  if name not in node:
+    raise KeyError(f"--set {assignment}: the config has no key {key!r}")
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    parsed = value
+  node[name] = type(node[name])(parsed) if node[name] is not None else parsed
+
+
+def measure(config, split: str = "test", episodes: int = 0, workdir: str | None = None) -> dict:
+  """The expert on the run's benchmark `split` (`episodes` drawn, 0 = each task once) and what the recipe's
+  observation shows of the elements it acts on, per family and in total."""
+  if config.recipe not in RECIPES:
+    raise ValueError(f"config.recipe={config.recipe!r}: text observations only, one of {sorted(RECIPES)}")
+  if config.tasks.get("suite", "sites") != "bench":
+    raise ValueError("config.tasks.suite must be 'bench' (--set tasks.suite=bench)")
+  from jaxagent.pipeline.tasks import bench_splits  # pylint: disable=g-import-not-at-top
+  profile = {"webrl": "text", "openwebvoyager": "web"}[config.recipe]
+  tasks = bench_splits(config, profile)[split]
+  tasks = draw_episodes(tasks, episodes, 0, "probe") if episodes else tasks
+  spec, expert, shown, full, mark = RECIPES[config.recipe](config)
+  with tempfile.TemporaryDirectory() as tmp:
+    trajs = device.rollout(config, spec, expert, tasks, workdir or tmp, "scripted_expert", gamma=0.9)
+  rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  for t in trajs:
+    row = rows[t.task.meta.get("family", "?")]
+    row["intents"] += 1
+    row["expert_successes"] += t.success == 1.0
+    every = True
+    for i, s in enumerate(t.steps):
+      if s.action is None or s.action.element is None or s.observation is None:
+        continue
+      pattern = re.compile(re.escape(mark(s.action.element)))
+      row["element_steps"] += 1
+      in_view = bool(pattern.search(shown(t.task, s.observation, t.steps[:i])))
+      row["shown"] += in_view
+      row["not_in_full_observation"] += not pattern.search(full(t.task, s.observation, t.steps[:i]))
+      every &= in_view
+    row["intents_every_element_shown"] += every
+  total = sum(rows.values(), collections.Counter())
+  return {"split": split, "families": {f: dict(r) for f, r in sorted(rows.items())}, "total": dict(total)}
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--config", required=True, help="a recipe config, path.py[:variant]")
+  p.add_argument("--set", action="append", default=[], help="key.path=value, e.g. prompt_chars=2048 (repeatable)")
+  p.add_argument("--split", default="test", help="the run's split: test (the headline), control, train_a, ...")
+  p.add_argument("--episodes", type=int, default=0, help="drawn from the split (0 = each task once)")
+  p.add_argument("--workers", type=int, default=0, help="browsers (0 = the config's)")
+  args = p.parse_args()
+  config = load_config_file(args.config)
+  for assignment in args.set:
+    override(config, assignment)
+  if args.workers:
+    config.env.workers = args.workers
+  result = measure(config, args.split, args.episodes)
+  print(json.dumps(result, indent=1))
+  t = result["total"]
+  print(f"{t.get('shown', 0)} of {t.get('element_steps', 0)} element steps shown; "
+        f"{t.get('intents_every_element_shown', 0)} of "
+        f"{t['intents']} intents with every element shown; {t.get('not_in_full_observation', 0)} steps' elements "
+        "absent from the full observation")
+
+
+if __name__ == "__main__":
+  main()
