@@ -1,6 +1,5 @@
-"""Does a WebRL policy read the instruction? A check on the `shop_category_order` tasks of a WebRL workdir.
-
-Two tables:
+"""Does a WebRL policy read the instruction? A check on a WebRL workdir (the first two tables on the
+`shop_category_order` tasks, the third on any):
   * the log-probability π_0 (`W/sft`) gives its own demonstrations' replies, by step kind (the cookie banner,
     the category, the sort order, the stop), and within a click's reply the tokens of the name it quotes in its
     note and of the element id. A kind the model can only get right by reading the intent (the category, the
@@ -9,9 +8,13 @@ Two tables:
     back to the name it wrote a few tokens earlier;
   * for every policy evaluated in `W/eval/<policy>/` (held-out test intents): its success, how often the category
     it clicks is the intent's, and the category it clicks most (a policy that ignores the intent clicks one
-    category for every task and solves only the test pairs of that category).
+    category for every task and solves only the test pairs of that category);
+  * for those and any `--eval` store: how many of the arguments it typed come from the episode's intent and how
+    many repeat a demonstration's word for word (the benchmark's held-out intents name strings no demonstration
+    typed, so a policy that does not copy cannot solve them).
 
   python data_tools/webrl_instruction_probe.py --workdir /tmp/webrl     # a finished WebRL workdir
+  python data_tools/webrl_instruction_probe.py --workdir W --no-logprobs --eval E/seed0/episodes
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from jaxagent.serving.checkpoint import load_policy
 
 _NOTE = re.compile(r'# Note: I will click "([^"]+)"')
 _ELEMENT = re.compile(r'element="([^"]+)"')
+_ARGUMENT = re.compile(r'argument="([^"]*)"')
 _KINDS = ("cookies", "category", "order", "stop")
 
 
@@ -119,19 +123,38 @@ def eval_report(store_dir: str) -> dict:
           "intent_categories": len({intent_category(t.task.intent) for t in trajs})}
 
 
+def typed_arguments(trajs) -> list[tuple[str, str]]:
+  """(argument, intent) of every typed or searched argument in `trajs`' replies."""
+  return [(a, t.task.intent) for t in trajs for s in t.steps for a in _ARGUMENT.findall(s.action_text or "")]
+
+
+def copy_report(store_dir: str, demo_dir: str) -> dict:
+  """Does a policy copy its typed arguments from the episode's intent, or repeat its demonstrations' (a held-out
+  intent names strings no demonstration typed)? Counts over every typed argument of the episodes in `store_dir`."""
+  seen = {a for a, _ in typed_arguments(rollout.episodes(TrajectoryStore(demo_dir)))}
+  typed = typed_arguments(rollout.episodes(TrajectoryStore(store_dir)))
+  return {"typed": len(typed), "from_the_intent": sum(a in intent for a, intent in typed),
+          "a_demonstration_argument": sum(a in seen for a, _ in typed), "demonstration_arguments": len(seen)}
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--max-len", type=int, default=4096)
+  parser.add_argument("--eval", action="append", default=[],
+                      help="an evaluation's episode store beside W/eval/<policy> (e.g. a jaxagent.evaluate run's "
+                      "OUT/seed0/episodes): its typed arguments against the demonstrations'")
+  parser.add_argument("--no-logprobs", action="store_true", help="skip the first table (it scores every sample)")
   args = parser.parse_args(argv)
   if not os.path.isdir(os.path.join(args.workdir, "sft", "demos")):
     print(f"{args.workdir}: no sft/demos (not a WebRL workdir past its SFT stage)", file=sys.stderr)
     return 1
-  print("π_0 on its own demonstrations: mean log-probability of the reply, and of its quoted name and element id")
-  for kind, r in demo_logprobs(args.workdir, args.batch, args.max_len).items():
-    parts = "".join(f"   {p} {r[p]:7.3f}" for p in ("name", "id") if p in r)
-    print(f"  {kind:<9} {r['samples']:>4} samples   reply {r['reply']:8.3f}{parts}")
+  if not args.no_logprobs:
+    print("π_0 on its own demonstrations: mean log-probability of the reply, and of its quoted name and element id")
+    for kind, r in demo_logprobs(args.workdir, args.batch, args.max_len).items():
+      parts = "".join(f"   {p} {r[p]:7.3f}" for p in ("name", "id") if p in r)
+      print(f"  {kind:<9} {r['samples']:>4} samples   reply {r['reply']:8.3f}{parts}")
   eval_dir = os.path.join(args.workdir, "eval")
   names = sorted(d for d in os.listdir(eval_dir) if os.path.isdir(os.path.join(eval_dir, d))) if os.path.isdir(
       eval_dir) else []
@@ -142,6 +165,13 @@ def main(argv=None) -> int:
       print(f"  {name:<8} {r['episodes']:>4} episodes  success {r['success']:6.1%}  category right "
             f"{r['category_right']:6.1%}  most clicked {r['most_clicked']} ({r['most_clicked_share']:.0%}; "
             f"{r['intent_categories']} categories asked)")
+  stores = [os.path.join(eval_dir, n) for n in names] + args.eval
+  if stores:
+    print("\ntyped arguments: copied from the episode's intent, or a demonstration's word for word")
+    for store in stores:
+      r = copy_report(store, os.path.join(args.workdir, "sft", "demos"))
+      print(f"  {store}: {r['typed']} typed, {r['from_the_intent']} from the intent, "
+            f"{r['a_demonstration_argument']} a demonstration's (of {r['demonstration_arguments']})")
   return 0
 
 

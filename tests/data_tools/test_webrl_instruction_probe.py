@@ -60,3 +60,20 @@ def test_part_logprobs_sum_the_tokens_of_the_quoted_name_and_of_the_element_id()
   assert "Office Supplies" in name and "element" not in name and "117" not in name
   assert "117" in element and "Office" not in element and len(element.strip()) <= len('="117")')
   assert probe.part_logprobs(tokenizer, STOP, reply_ids, token_logp) == {}  # not this reply's tokens
+
+
+def _search(text):
+  return f'# Note: I will type "{text}" into the field.\ndo(action="Search", argument="{text}", element="1")'
+
+
+def test_typed_arguments_are_told_copied_from_the_intent_or_repeated_from_a_demonstration(tmp_path):
+  demos = TrajectoryStore(str(tmp_path / "demos"))
+  demos.append(Trajectory(task=Task(id="d", intent="Buy the Orla Lamp A1.", site="shop", start_url="u"),
+                          success=1.0, steps=[Step(step=0, obs_text="p", action_text=_search("Orla Lamp A1"))]))
+  store = TrajectoryStore(str(tmp_path / "eval"))
+  for k, typed in enumerate(("Kestrel Pan B2", "Orla Lamp A1", "Orla Lamp")):
+    store.append(Trajectory(task=Task(id=f"t{k}", intent="Buy the Kestrel Pan B2.", site="shop", start_url="u"),
+                            success=0.0, steps=[Step(step=0, obs_text="p", action_text=_search(typed)), Step(
+                                step=1, obs_text="p", action_text=STOP)]))
+  assert probe.copy_report(str(tmp_path / "eval"), str(tmp_path / "demos")) == {
+      "typed": 3, "from_the_intent": 1, "a_demonstration_argument": 1, "demonstration_arguments": 1}
