@@ -24,30 +24,32 @@ import tempfile
 from jaxagent.envs.sites.expert import ScriptedExpert
 from jaxagent.main import load_config_file
 from jaxagent.pipeline import device
-from jaxagent.pipeline.tasks import draw_episodes
+from jaxagent.pipeline.tasks import bench_splits, draw_episodes
 
 
 def _webrl(config):
   from jaxagent.agents.webrl import current_html  # pylint: disable=g-import-not-at-top
   from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
-  fmt = webrl.agent_format(config)
-  full = webrl.WebRL(**{**webrl.format_options(config), "max_prompt_chars": 10 ** 9})
-  shown = lambda f, task, obs, history: current_html(f.build_prompt(task, obs, history))  # noqa: E731
+  def shown(max_prompt_chars):
+    fmt = webrl.WebRL(**{**webrl.format_options(config), "max_prompt_chars": max_prompt_chars})
+    return lambda task, obs, history: current_html(fmt.build_prompt(task, obs, history))
   return (webrl.env_spec(config, expert=True), ScriptedExpert("webrl", **webrl.format_options(config)),
-          lambda *a: shown(fmt, *a), lambda *a: shown(full, *a), lambda el: f'id="{el}"')
+          shown(int(config.prompt_chars)), shown(10 ** 9), lambda el: f'id="{el}"')
 
 
 def _openwebvoyager(config):
   from jaxagent.agents.openwebvoyager import compact_tree  # pylint: disable=g-import-not-at-top
   from jaxagent.recipes import openwebvoyager  # pylint: disable=g-import-not-at-top
   o = config.observation
+
   def shown(lines):
     return lambda task, obs, history: compact_tree(obs.a11y_tree or "", lines, bool(o.drop_urls))
   return (openwebvoyager.env_spec(config, oracle_targets=True), ScriptedExpert("openwebvoyager"),
           shown(int(o.max_tree_lines)), shown(0), lambda el: f"[{el}]")
 
 
-RECIPES = {"webrl": _webrl, "openwebvoyager": _openwebvoyager}
+# recipe → (the benchmark profile it plays, what its env, expert and observation are)
+RECIPES = {"webrl": ("text", _webrl), "openwebvoyager": ("web", _openwebvoyager)}
 
 
 def override(config, assignment: str) -> None:
@@ -73,11 +75,10 @@ def measure(config, split: str = "test", episodes: int = 0, workdir: str | None 
     raise ValueError(f"config.recipe={config.recipe!r}: text observations only, one of {sorted(RECIPES)}")
   if config.tasks.get("suite", "sites") != "bench":
     raise ValueError("config.tasks.suite must be 'bench' (--set tasks.suite=bench)")
-  from jaxagent.pipeline.tasks import bench_splits  # pylint: disable=g-import-not-at-top
-  profile = {"webrl": "text", "openwebvoyager": "web"}[config.recipe]
+  profile, parts = RECIPES[config.recipe]
   tasks = bench_splits(config, profile)[split]
   tasks = draw_episodes(tasks, episodes, 0, "probe") if episodes else tasks
-  spec, expert, shown, full, mark = RECIPES[config.recipe](config)
+  spec, expert, shown, full, mark = parts(config)
   with tempfile.TemporaryDirectory() as tmp:
     trajs = device.rollout(config, spec, expert, tasks, workdir or tmp, "scripted_expert", gamma=0.9)
   rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
