@@ -104,7 +104,7 @@ def bench_splits(config, profile: str) -> dict[str, list[types.Task]]:
   splits = {s: made[s] for s in bench.TRAIN_SPLITS}
   splits["train"] = [t for s in bench.TRAIN_SPLITS for t in made[s]]
   splits["test"] = bench.headline(made)
-  splits["control"] = [t for t in made["test_comb"] if t.meta.get("family") == bench.CONTROL]
+  splits["control"] = bench.control(made)
   return splits
 
 

@@ -1,7 +1,8 @@
 """Command line: `python -m jaxagent.envs.sites serve --port 8080` | `tasks --out DIR [--seed 0]
 [--bench PROFILE/SPLIT[@LEVEL][/FAMILIES] ...]`.
 
-`tasks` writes today's suites, or with `--bench` the benchmark's splits (`bench.py`; SPLIT may be `headline`), one
+`tasks` writes today's suites, or with `--bench` the benchmark's splits (`bench.py`; SPLIT may be `headline` or
+`control`), one
 file each: `DIR/<profile>_<split>_L<level>.jsonl`.
 
 Running the scripted expert needs the judges and the collector, which sit above the environments, so its success

@@ -505,8 +505,14 @@ def headline(suite: dict[str, list[Task]]) -> list[Task]:
   return [t for s in HEADLINE for t in suite.get(s, []) if t.meta.get("family") != CONTROL]
 
 
+def control(suite: dict[str, list[Task]]) -> list[Task]:
+  """The negative control's held-out tasks (its family's test_comb), reported beside the headline."""
+  return [t for t in suite.get("test_comb", []) if t.meta.get("family") == CONTROL]
+
+
 def parse_split(spec: str) -> tuple[str, str, int, tuple[str, ...]]:
-  """`PROFILE/SPLIT[@LEVEL][/FAMILY,...]` (SPLIT may be `headline`) -> (profile, split, level, families)."""
+  """`PROFILE/SPLIT[@LEVEL][/FAMILY,...]` (SPLIT may be `headline` or `control`) -> (profile, split, level,
+  families)."""
   parts = spec.split("/")
   if len(parts) not in (2, 3):
     raise ValueError(f"benchmark split {spec!r}: write PROFILE/SPLIT[@LEVEL][/FAMILY,...], e.g. device/headline@2")
@@ -520,8 +526,9 @@ def parse_split(spec: str) -> tuple[str, str, int, tuple[str, ...]]:
   families = tuple(f.strip() for f in parts[2].split(",") if f.strip()) if len(parts) == 3 else tuple(FAMILIES)
   if profile not in PROFILES:
     raise ValueError(f"benchmark split {spec!r}: profile {profile!r} is not one of {list(PROFILES)}")
-  if split not in SPLITS + ("headline",):
-    raise ValueError(f"benchmark split {spec!r}: split {split!r} is not one of {list(SPLITS) + ['headline']}")
+  if split not in SPLITS + ("headline", "control"):
+    raise ValueError(f"benchmark split {spec!r}: split {split!r} is not one of "
+                     f"{list(SPLITS) + ['headline', 'control']}")
   for f in families:
     if f not in FAMILIES:
       raise ValueError(f"benchmark split {spec!r}: family {f!r} is not one of {list(FAMILIES)}")
@@ -544,4 +551,6 @@ def tasks_for(spec: str, seed: int = 0) -> list[Task]:
   profile, split, level, families = parse_split(spec)
   if split == "headline":
     return headline(generate(seed, profile, level, families, HEADLINE))
+  if split == "control":
+    return control(generate(seed, profile, level, families, ("test_comb",)))
   return generate(seed, profile, level, families, (split,))[split]

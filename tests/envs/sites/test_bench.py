@@ -3,6 +3,7 @@
 import collections
 import json
 import time
+import types
 
 import pytest
 
@@ -147,6 +148,16 @@ def test_split_specs():
   assert bench.parse_split("web/headline@1/filter,cart") == ("web", "headline", 1, ("filter", "cart"))
   head = bench.tasks_for("web/headline/filter", SEED)
   assert head and {t.meta["family"] for t in head} == {"filter"}
+
+
+def test_the_control_split_is_the_recipes_negative_control_apart_from_the_headline():
+  from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  control = bench.tasks_for("text/control@2", SEED)
+  assert control and {t.meta["family"] for t in control} == {bench.CONTROL}
+  assert not {t.meta["intent_id"] for t in control} & {t.meta["intent_id"] for t in
+                                                       bench.tasks_for("text/headline@2", SEED)}
+  config = types.SimpleNamespace(tasks=types.SimpleNamespace(seed=SEED, templates="", level=2))
+  assert [t.to_json() for t in control] == [t.to_json() for t in tasks_lib.bench_splits(config, "text")["control"]]
 
 
 def test_a_malformed_benchmark_file_is_refused_naming_file_line_and_field(tmp_path):
