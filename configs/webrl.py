@@ -25,6 +25,10 @@ Keys a researcher changes first:
   html              full (the observer's simplified HTML) | compact (the original parser's attributes, no data-bbox)
   sft.warmup        steps / prompt_chars: SFT steps on the demonstrations with each page cut to prompt_chars
                     characters before the SFT proper (a departure; 0 steps = off); orm.warmup the same for the ORM (off)
+  sft.augment.copies
+                    0 | n: n copies of each demonstration with its typed and answered strings made up (a departure,
+                    off: a held-out intent's strings must be copied, which a tiny model does not learn from a few
+                    hundred demonstrations' strings; docs/results/webrl.md#bench-cut)
   data.tokenizer    demos (the embedded BPE fitted again on the demonstrations' texts: half the tokens) | "" (the
                     embedded BPE, or a checkpoint's own) | a tokenizer directory
   prompt_chars      where the prompt cuts history + HTML (the original's 15872; 2048 keeps the default's
@@ -101,6 +105,9 @@ def get_config(arg=None):
   # a departure: first `steps` steps on the same samples with each page cut to `prompt_chars` characters (the
   # tiny decoder learns to read the instruction there, not on full pages; docs/results/webrl.md#warmup); 0 = off
   c.sft.warmup = ml_collections.ConfigDict(dict(steps=900, prompt_chars=200))
+  # a departure, off: `copies` more samples of each demonstration with the strings it types or answers swapped for
+  # made-up ones everywhere (data/copy_augment.py), so that only copying them reproduces its replies
+  c.sft.augment = ml_collections.ConfigDict(dict(copies=0))
 
   # ORM: trained on programmatically judged episodes on train tasks: the SFT actor's rollouts, the demonstrations
   # and the expert's near misses (a sibling task's solution under this task's intent, `orm.near_misses`);

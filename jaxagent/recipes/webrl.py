@@ -3,8 +3,7 @@
 Stages, in order (each writes `<workdir>/<stage>/` and a `DONE` marker; a restarted run skips finished stages and
 resumes the running one: rollouts by episode id, trainings from their Orbax checkpoints, phases stage by stage):
 
-  tasks     the bundled sites' text-profile suites: train tasks for every training episode, test tasks for the
-            evaluation alone
+  tasks     the sites' text-profile suites (or the benchmark's splits): train tasks to train on, test to evaluate
   sft       the scripted expert's WebRL-format demonstrations → the text decoder fine-tuned on their successful
             steps (π_0, the original's SFT checkpoint; also the ORM's start and the critic's trunk)
   orm       π_0's rollouts on train tasks, judged by the sites' programs → the ORM trained to answer YES/NO on
@@ -97,7 +96,7 @@ def stage_sft(config, workdir, out):
   tasks = draw_episodes(suite(workdir, config.demos.split), int(config.demos.episodes), int(config.seed), "demo")
   trajs = device.rollout(config, env_spec(config, expert=True), ScriptedExpert("webrl", **format_options(config)),
                          tasks, os.path.join(out, "demos"), "scripted_expert:webrl", gamma=data.GAMMA)
-  items = data.step_samples([t for t in trajs if t.success == 1.0])
+  items = data.sft_samples(trajs, int(config.sft.augment.copies), int(config.seed))
   if not items:
     raise RuntimeError("the scripted expert solved no demonstration task; check the sites and the browser")
   sft_config = stage_config(config, config.sft)
@@ -283,6 +282,7 @@ def check_config(config) -> None:
   for stage, (key, least, fix) in itertools.product(("sft", "orm"), (("steps", 0, 0), ("prompt_chars", 1, 200))):
     check_count(config, f"{stage}.warmup.{key}", least, fix)
   check_count(config, "replay.chunks", 1, 8, "the original's 8 worker chunks, or 1 for one success per task")
+  check_count(config, "sft.augment.copies", 0, 0, "swapped copies of each demonstration")
   if isinstance(config.actor.epochs, bool) or not config.actor.epochs > 0:
     raise ConfigError(f"config.actor.epochs={config.actor.epochs!r}: must be > 0 (passes over a phase's samples at "
                       "most); set --config.actor.epochs=2")

@@ -202,10 +202,22 @@ def test_a_bad_replay_chunks_is_refused_naming_the_key(value):
     webrl.check_config(config)
 
 
+@pytest.mark.parametrize("value", [-1, True])
+def test_a_bad_copy_count_is_refused_naming_the_key(value):
+  config = webrl_config.get_config()
+  config.sft.augment.copies = 2
+  webrl.check_config(config)
+  config.sft.augment.copies = value
+  with pytest.raises(ConfigError, match=rf"config\.sft\.augment\.copies={value!r}: must be a whole number >= 0"):
+    webrl.check_config(config)
+
+
 def test_the_defaults_are_the_originals():
-  """The actor's log-ratio per sample, the replay's 8 chunks, the ORM's whole final page (docs/results/webrl.md)."""
+  """The actor's log-ratio per sample, the replay's 8 chunks, the ORM's whole final page (docs/results/webrl.md);
+  the demonstrations as recorded (no swapped copies)."""
   config = webrl_config.get_config()
   assert (config.actor.normalize, config.replay.chunks, config.orm.page) == ("sample", 8, "full")
+  assert config.sft.augment.copies == 0 and webrl_config.get_config("bench").sft.augment.copies == 0
 
 
 def test_a_non_positive_actor_epochs_is_refused():

@@ -19,11 +19,19 @@ import numpy as np
 
 from jaxagent import types
 from jaxagent.agents.webrl import MAX_PROMPT_CHARS, compact_html, current_html, webrl_prompt
+from jaxagent.data import copy_augment
 from jaxagent.data.conversation import step_samples, text_sample as sample  # noqa: F401  (WebRL's names)
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import rollout
 
 GAMMA = 0.9  # process_data.py: add_mc_return(t, gamma=0.9)
+
+
+def sft_samples(trajs: Sequence[types.Trajectory], copies: int = 0, seed: int = 0) -> list[dict]:
+  """The solved demonstrations' steps as SFT samples, then `copies` of each with the strings it types or answers
+  made up (`data.copy_augment`; 0 = the original's samples alone)."""
+  solved = [t for t in trajs if t.success == 1.0]
+  return step_samples(solved) + copy_augment.copies(solved, copies, seed)
 
 
 def cut_html(prompt: str, chars: int) -> str:
