@@ -57,6 +57,7 @@ Variants (`configs/webrl.py:<name>`):
           at perturbation level 2; demonstrations from train_a, the ORM's episodes from train_b, the curriculum's
           pool train_c, mutated along the tier axis; every headline intent (210) and the negative control's 8
           evaluated once per policy; the original's prompt cut (15872), as its pages outgrow the default's.
+          `bench=1` puts another variant on the benchmark the same way, e.g. `configs/webrl.py:smollm,bench=1`.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ VARIANTS = ("smoke", "smollm", "bench")
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, variant="")
+  arg = config_lib.parse_arg(arg, variant="", bench=False)
   c = config_lib.base_config(staged=True)
   c.recipe = "webrl"
   c.html = "compact"  # full | compact
@@ -186,7 +187,9 @@ def get_config(arg=None):
     c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))
     c.actor.update(config_lib.stage(steps=60, batch_size=2, lr=1e-5))
     c.scoring.batch = 1
-  elif arg.variant == "bench":
+  elif arg.variant and arg.variant != "bench":
+    raise ValueError(f"configs/webrl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
+  if arg.variant == "bench" or arg.bench:
     c.tasks.update(suite="bench", templates="", level=2)
     c.demos.split, c.orm.split, c.curriculum.split = "train_a", "train_b", "train_c"
     c.curriculum.generator = "mutations"
@@ -195,6 +198,4 @@ def get_config(arg=None):
     # element is out of the prompt on 30 % of its headline steps (docs/results/webrl.md#bench-cut)
     c.prompt_chars = 15872
     c.data.seq_len = 4096  # ≥ the longest such prompt + reply in the embedded tokenizer (3,909)
-  elif arg.variant:
-    raise ValueError(f"configs/webrl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
   return c

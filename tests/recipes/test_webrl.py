@@ -202,6 +202,15 @@ def test_a_bad_replay_chunks_is_refused_naming_the_key(value):
     webrl.check_config(config)
 
 
+def test_bench_puts_another_variant_on_the_benchmark():
+  both, bench, smollm = (webrl_config.get_config(a) for a in ("smollm,bench=1", "bench", "smollm"))
+  assert both.model.hf_checkpoint == "smollm2" and both.sft.optim.lr == smollm.sft.optim.lr
+  assert (both.tasks.suite, both.demos.split, both.prompt_chars) == ("bench", "train_a", bench.prompt_chars)
+  webrl.check_config(both)
+  with pytest.raises(ValueError, match="unknown variant 'bnech'"):
+    webrl_config.get_config("bnech")
+
+
 @pytest.mark.parametrize("value", [-1, True])
 def test_a_bad_copy_count_is_refused_naming_the_key(value):
   config = webrl_config.get_config()
