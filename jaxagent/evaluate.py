@@ -14,9 +14,9 @@ a recipe-trained actor acts as its `agent.json` records: the format, its options
 `expert` (the bundled sites' scripted expert) or `openai` (an OpenAI-compatible server: `--base-url`,
 `--model`, key from $OPENAI_API_KEY). `--suite`: `sites:PROFILE/SPLIT[/FAMILY,...]` (the bundled sites' tasks of
 one profile, split and template families, generated for each seed's world), `bench:PROFILE/SPLIT[@LEVEL][/FAMILY,...]`
-(the sites benchmark, `jaxagent/envs/sites/bench.py`: SPLIT may be `headline` or `control`, the negative control's held-out
-intents; every intent once by default, the
-success and the subgoal rubric per family beside the total), `miniwob:TASK,...` (MiniWoB++ tasks, one episode seed
+(the sites benchmark, `jaxagent/envs/sites/bench.py`: SPLIT may be `headline` or `control`, the negative
+control's held-out intents; every intent once by default, the success and the subgoal rubric per family beside the
+total), `miniwob:TASK,...` (MiniWoB++ tasks, one episode seed
 per draw), or `file:TASKS.jsonl` (each line once, under its own id, unless `--episodes` draws from them). Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
 own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
 """

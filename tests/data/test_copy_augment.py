@@ -29,8 +29,9 @@ def test_a_surrogate_keeps_the_shape_and_changes_every_word():
 
 def _episode(intent, texts, replies, pages):
   task = Task(id="t", intent=intent, site="shop", start_url="u", meta={"texts": texts})
-  return Trajectory(task=task, success=1.0, steps=[Step(step=i, obs_text=f"Task Instruction: {intent}\n{p}",
-                                                         action_text=r) for i, (r, p) in enumerate(zip(replies, pages))])
+  steps = [Step(step=i, obs_text=f"Task Instruction: {intent}\n{p}", action_text=r)
+           for i, (r, p) in enumerate(zip(replies, pages))]
+  return Trajectory(task=task, success=1.0, steps=steps)
 
 
 def test_a_copy_swaps_the_strings_everywhere_and_nothing_else():

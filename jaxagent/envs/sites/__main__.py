@@ -2,8 +2,7 @@
 [--bench PROFILE/SPLIT[@LEVEL][/FAMILIES] ...]`.
 
 `tasks` writes today's suites, or with `--bench` the benchmark's splits (`bench.py`; SPLIT may be `headline` or
-`control`), one
-file each: `DIR/<profile>_<split>_L<level>.jsonl`.
+`control`), one file each: `DIR/<profile>_<split>_L<level>.jsonl`.
 
 Running the scripted expert needs the judges and the collector, which sit above the environments, so its success
 rate and its demonstrations are tools of their own: `data_tools/expert_success.py`, `data_tools/site_demos.py`.
