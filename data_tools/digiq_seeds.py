@@ -80,19 +80,7 @@ def run_seed(config, workdir: str, seed_dir: str, control: str) -> dict:
 def load_config(spec: str, overrides: Sequence[str], seed: int):
   """`spec` (path[:variant]) with `--config.a.b=value` overrides cast to each field's type, and `seed`."""
   from jaxagent.main import load_config_file  # pylint: disable=g-import-not-at-top
-  config = load_config_file(spec)
-  for item in overrides:
-    if not item.startswith("--config.") or "=" not in item:
-      raise SystemExit(f"digiq_seeds: {item!r}: overrides look like --config.critic.train.steps=800")
-    path, value = item[len("--config."):].split("=", 1)
-    *parents, leaf = path.split(".")
-    node = config
-    for name in parents:
-      node = node[name]
-    if leaf not in node:
-      raise SystemExit(f"digiq_seeds: {item!r}: the config has no field {path!r}")
-    old = node[leaf]
-    node[leaf] = (value.lower() in ("1", "true", "yes")) if isinstance(old, bool) else type(old)(value)
+  config = load_config_file(spec, overrides)
   config.seed = seed
   return config
 

@@ -2,9 +2,9 @@
 env, and every step that names an element is checked against the observation the recipe's agent format shows.
 
   python data_tools/observability.py --config configs/webrl.py:bench
-  python data_tools/observability.py --config configs/webrl.py:bench --set prompt_chars=2048
-  python data_tools/observability.py --config configs/openwebvoyager.py --set tasks.suite=bench \
-      --set tasks.templates= --set observation.max_tree_lines=0 --episodes 60
+  python data_tools/observability.py --config configs/webrl.py:bench --config.prompt_chars=2048
+  python data_tools/observability.py --config configs/openwebvoyager.py:bench --config.env.workers=2 \
+      --config.observation.max_tree_lines=16 --episodes 60
 
 Per family: the steps that name an element, how many of those elements the observation shows, how many the
 full page's observation does not list at all (no cut can show them), and the intents with every element shown.
@@ -15,10 +15,8 @@ only: WebRL's simplified HTML (the text backend) and OpenWebVoyager's accessibil
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
 import json
-import re
 import tempfile
 
 from jaxagent.envs.sites.expert import ScriptedExpert
@@ -52,35 +50,19 @@ def _openwebvoyager(config):
 RECIPES = {"webrl": ("text", _webrl), "openwebvoyager": ("web", _openwebvoyager)}
 
 
-def override(config, assignment: str) -> None:
-  """`key.path=value` on `config` (the value a Python literal, else a string), refusing an unknown key."""
-  key, _, value = assignment.partition("=")
-  *path, name = key.split(".")
-  node = config
-  for part in path:
-    node = node[part]
-  if name not in node:
-    raise KeyError(f"--set {assignment}: the config has no key {key!r}")
-  try:
-    parsed = ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    parsed = value
-  node[name] = type(node[name])(parsed) if node[name] is not None else parsed
-
-
-def measure(config, split: str = "test", episodes: int = 0, workdir: str | None = None) -> dict:
+def measure(config, split: str = "test", episodes: int = 0) -> dict:
   """The expert on the run's benchmark `split` (`episodes` drawn, 0 = each task once) and what the recipe's
   observation shows of the elements it acts on, per family and in total."""
   if config.recipe not in RECIPES:
     raise ValueError(f"config.recipe={config.recipe!r}: text observations only, one of {sorted(RECIPES)}")
   if config.tasks.get("suite", "sites") != "bench":
-    raise ValueError("config.tasks.suite must be 'bench' (--set tasks.suite=bench)")
+    raise ValueError("config.tasks.suite must be 'bench' (--config.tasks.suite=bench)")
   profile, parts = RECIPES[config.recipe]
   tasks = bench_splits(config, profile)[split]
   tasks = draw_episodes(tasks, episodes, 0, "probe") if episodes else tasks
   spec, expert, shown, full, mark = parts(config)
   with tempfile.TemporaryDirectory() as tmp:
-    trajs = device.rollout(config, spec, expert, tasks, workdir or tmp, "scripted_expert", gamma=0.9)
+    trajs = device.rollout(config, spec, expert, tasks, tmp, "scripted_expert", gamma=0.9)
   rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   for t in trajs:
     row = rows[t.task.meta.get("family", "?")]
@@ -90,11 +72,11 @@ def measure(config, split: str = "test", episodes: int = 0, workdir: str | None 
     for i, s in enumerate(t.steps):
       if s.action is None or s.action.element is None or s.observation is None:
         continue
-      pattern = re.compile(re.escape(mark(s.action.element)))
+      element = mark(s.action.element)
       row["element_steps"] += 1
-      in_view = bool(pattern.search(shown(t.task, s.observation, t.steps[:i])))
+      in_view = element in shown(t.task, s.observation, t.steps[:i])
       row["shown"] += in_view
-      row["not_in_full_observation"] += not pattern.search(full(t.task, s.observation, t.steps[:i]))
+      row["not_in_full_observation"] += element not in full(t.task, s.observation, t.steps[:i])
       every &= in_view
     row["intents_every_element_shown"] += every
   total = sum(rows.values(), collections.Counter())
@@ -102,18 +84,13 @@ def measure(config, split: str = "test", episodes: int = 0, workdir: str | None 
 
 
 def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              epilog="Any --config.KEY=VALUE after these overrides the config, as jaxagent.main's do.")
   p.add_argument("--config", required=True, help="a recipe config, path.py[:variant]")
-  p.add_argument("--set", action="append", default=[], help="key.path=value, e.g. prompt_chars=2048 (repeatable)")
   p.add_argument("--split", default="test", help="the run's split: test (the headline), control, train_a, ...")
   p.add_argument("--episodes", type=int, default=0, help="drawn from the split (0 = each task once)")
-  p.add_argument("--workers", type=int, default=0, help="browsers (0 = the config's)")
-  args = p.parse_args()
-  config = load_config_file(args.config)
-  for assignment in args.set:
-    override(config, assignment)
-  if args.workers:
-    config.env.workers = args.workers
+  args, overrides = p.parse_known_args()
+  config = load_config_file(args.config, overrides)
   result = measure(config, args.split, args.episodes)
   print(json.dumps(result, indent=1))
   t = result["total"]

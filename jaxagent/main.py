@@ -11,6 +11,7 @@ import difflib
 import importlib.util
 import os
 import sys
+from typing import Sequence
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -32,15 +33,42 @@ def flat_keys(cfg, prefix: str = "") -> list[str]:
   return keys
 
 
-def load_config_file(spec: str):
-  """`get_config(arg)` of `path.py[:arg]`, loaded the way config_flags does."""
+def load_config_file(spec: str, overrides: Sequence[str] = ()):
+  """`get_config(arg)` of `path.py[:arg]`, loaded the way config_flags does, then `overrides` (a tool's
+  `--config.a.b=value` arguments, each cast to its field's type; `main` itself has config_flags parse them)."""
   path, _, arg = spec.partition(":")
   module_spec = importlib.util.spec_from_file_location("_jaxagent_config", path)
   if module_spec is None:
     raise FileNotFoundError(f"--config={spec}: no such config file {path!r}")
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  config = module.get_config(arg or None)
+  for item in overrides:
+    apply_override(config, item)
+  return config
+
+
+def apply_override(config, item: str) -> None:
+  """`--config.a.b=value` on `config`, the value cast to the field's type (a bool from true/false/1/0/yes, any
+  string for a field that is None); a SystemExit naming the argument for a malformed one or an unknown field."""
+  if not item.startswith("--config.") or "=" not in item:
+    raise SystemExit(f"{item!r}: overrides look like --config.critic.train.steps=800")
+  path, value = item[len("--config."):].split("=", 1)
+  *parents, leaf = path.split(".")
+  node = config
+  for name in parents:
+    if name not in node:
+      raise SystemExit(f"{item!r}: the config has no field {path!r}")
+    node = node[name]
+  if leaf not in node:
+    raise SystemExit(f"{item!r}: the config has no field {path!r}")
+  old = node[leaf]
+  try:
+    node[leaf] = ((value.lower() in ("1", "true", "yes")) if isinstance(old, bool) else
+                  value if old is None else type(old)(value))
+  except (ValueError, TypeError):
+    raise SystemExit(f"{item!r}: expected {_EXPECTED.get(type(old).__name__, f'a {type(old).__name__} value')}"
+                     ) from None
 
 
 def check_overrides(argv: list[str]) -> None:

@@ -153,3 +153,16 @@ def test_a_run_compiles_into_a_persistent_cache_the_environment_can_move_or_turn
   finally:
     jax.config.update("jax_compilation_cache_dir", saved[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+
+
+def test_a_tools_overrides_are_cast_to_each_field_and_an_unknown_field_is_refused():
+  """`load_config_file(spec, overrides)`, what the data tools parse `--config.KEY=VALUE` with."""
+  config = main.load_config_file("configs/webrl.py:bench", ["--config.prompt_chars=2048", "--config.tasks.templates=",
+                                                            "--config.early_stop.repeats=3"])
+  assert config.prompt_chars == 2048 and config.tasks.templates == "" and config.early_stop.repeats == 3
+  with pytest.raises(SystemExit, match="no field 'tasks.colour'"):
+    main.load_config_file("configs/webrl.py:bench", ["--config.tasks.colour=red"])
+  with pytest.raises(SystemExit, match="no field 'task.colour'"):
+    main.load_config_file("configs/webrl.py:bench", ["--config.task.colour=red"])
+  with pytest.raises(SystemExit, match="'--config.prompt_chars=x': expected an integer"):
+    main.load_config_file("configs/webrl.py:bench", ["--config.prompt_chars=x"])

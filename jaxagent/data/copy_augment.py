@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from jaxagent import types
 from jaxagent.data.conversation import text_sample
@@ -49,16 +49,16 @@ def swapped(traj: types.Trajectory, words: Sequence[str], rng: random.Random) ->
   return {t: surrogate(t, words, rng) for t in dict.fromkeys(traj.task.meta.get("texts") or []) if t}
 
 
-def replace_all(text: str, swaps: dict[str, str]) -> str:
-  """`text` with every string of `swaps` replaced by its surrogate, the longest first, in one pass."""
+def replacer(swaps: dict[str, str]) -> Callable[[str], str]:
+  """A function that replaces every string of `swaps` in a text by its surrogate, the longest first, in one pass."""
   if not swaps:
-    return text
+    return lambda text: text
   pattern = re.compile("|".join(re.escape(s) for s in sorted(swaps, key=len, reverse=True)))
-  return pattern.sub(lambda m: swaps[m.group(0)], text)
+  return lambda text: pattern.sub(lambda m: swaps[m.group(0)], text)
 
 
 def copies(trajs: Sequence[types.Trajectory], n: int, seed: int) -> list[dict]:
-  """`n` swapped copies of each of `trajs` (an episode whose intent names no such string gives none), as text
+  """`n` swapped copies of each of `trajs` (an episode that types or answers no string gives none), as text
   samples `<task id>-copy<k>-<step>` in the order of `conversation.step_samples`."""
   words = vocabulary(text for t in trajs for text in t.task.meta.get("texts") or [])
   rng = random.Random(seed)
@@ -68,6 +68,7 @@ def copies(trajs: Sequence[types.Trajectory], n: int, seed: int) -> list[dict]:
       swaps = swapped(t, words, rng)
       if not swaps:
         continue
-      out.extend(text_sample(f"{t.task.id}-copy{k}-{s.step}", replace_all(s.obs_text, swaps),
-                             replace_all(s.action_text, swaps)) for s in t.steps if s.obs_text and s.action_text)
+      swap = replacer(swaps)
+      out.extend(text_sample(f"{t.task.id}-copy{k}-{s.step}", swap(s.obs_text), swap(s.action_text))
+                 for s in t.steps if s.obs_text and s.action_text)
   return out
