@@ -14,6 +14,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxagent import sharding, types
@@ -78,13 +79,24 @@ class ModelPolicy:
     """Act with the weights `state` from now on (an `nnx.State` of this model's structure, e.g. a learner's
     `nnx.state(model)`): weights in memory, with no checkpoint round trip and no recompilation (the sampler's
     program is keyed on shapes and the module's structure, which stay). The arrays are copied, so a train step
-    that donates its state cannot delete what the policy samples with."""
-    nnx.update(self.loaded.model, jax.tree.map(jnp.copy, state))
+    that donates its state cannot delete what the policy samples with, and placed as this policy's own are (a
+    learner's mesh is not the policy's: host values, as `jax.distributed` learners hand over, are placed too)."""
+    nnx.update(self.loaded.model, jax.tree.map(_placed_like, state, nnx.state(self.loaded.model)))
 
   def act(self, observations: Sequence[types.Observation], histories: Sequence[list[types.Step]]) -> list[str]:
     if len(observations) != len(histories):
       raise ValueError(f"act: {len(observations)} observations but {len(histories)} histories")
     return self.generate([self.prompt(o, h) for o, h in zip(observations, histories)])
+
+
+def _placed_like(new, old: jax.Array) -> jax.Array:
+  """A fresh array of `new`'s value placed as `old` is: its sharding and whether it is committed to it (the
+  sampler's compiled program is keyed on both, so a hand-over that kept either would recompile it)."""
+  if old.committed:
+    return jax.device_put(new, old.sharding, may_alias=False)
+  if isinstance(new, jax.Array) and not new.committed and new.sharding == old.sharding:
+    return jnp.copy(new)
+  return jnp.asarray(np.asarray(new))  # uncommitted, on the default device as `old` is
 
 
 def agent_format(model_dir: str, fmt: AgentFormat | str | None = None, parse: str | None = None) -> AgentFormat:

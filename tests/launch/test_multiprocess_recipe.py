@@ -9,16 +9,21 @@ process with other episodes beside it in the batch, runs it.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 
+import jax
+import numpy as np
 import pytest
 
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import rollout
 from jaxagent.pipeline.stages import DONE
+from jaxagent.proj.grpo.learner import token_batch
 from jaxagent.recipes import digirl
+from jaxagent.serving.checkpoint import load_policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Every training stage's global batch is 8, which splits over 8 devices however they are spread over processes.
@@ -188,3 +193,53 @@ def test_other_recipes_two_processes_match_one(recipe, tmp_path):
     assert [l for _, l in got] == pytest.approx([l for _, l in ref], rel=1e-4, abs=1e-5), training
   for name in shared:
     assert _close(_read(os.path.join(two, name)), _read(os.path.join(one, name))), name
+
+
+# GRPO's smoke run with updates large enough that one round moves the sampled tokens' log-probs well past 1e-4.
+GRPO_ARGS = ("--config.grpo.optim.lr=3e-3", "--config.grpo.optim.warmup_steps=0")
+
+
+def _rescored(model_dir, steps, temperature, step=None):
+  """log π(sampled token) of `steps`' replies under the policy saved in `model_dir` (at checkpoint `step`)."""
+  model = load_policy(model_dir, step=step).model
+  rows = [{"prompt_ids": s.prompt_ids, "reply_ids": s.reply_ids, "logprobs": s.reply_logprobs, "advantage": 1.0}
+          for s in steps]
+  batch = token_batch(rows, max(len(r["prompt_ids"]) + len(r["reply_ids"]) for r in rows), 0)
+  logits = np.asarray(model(batch["input_ids"], attention_mask=batch["attention_mask"]), np.float32)
+  logp = np.asarray(jax.nn.log_softmax(logits / temperature, -1))
+  got = np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+  mask = batch["loss_mask"] > 0
+  return got[mask], batch["behaviour_logp"][mask]
+
+
+@pytest.mark.slow
+def test_grpo_processes_share_each_update_and_act_with_the_learners_weights(tmp_path):
+  """GRPO under `jax.distributed`, 2 processes × 1 device against 1 × 2: round 1's rollouts (the one-process run's,
+  replayed) train the same model, each process feeding its half of every minibatch (the global batch is the
+  configured one, not one per process); round 2 is sampled afresh by both processes with the weights the learner
+  gathered onto their hosts: its stored sampling-time log-probs equal a re-scoring by round 1's checkpoint."""
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  proc, lines = _launch(1, 2, one, "grpo.py:smoke", GRPO_ARGS)
+  assert proc.wait(timeout=1500) == 0, "".join(lines[-200:])
+  shutil.copytree(one, two)
+  for path in ("grpo/actor", "grpo/rounds/round2", "eval", "grpo/DONE", "grpo/rounds.json", "results.json"):
+    (shutil.rmtree if os.path.isdir(os.path.join(two, path)) else os.remove)(os.path.join(two, path))
+  proc, lines = _launch(2, 1, two, "grpo.py:smoke", GRPO_ARGS)
+  assert proc.wait(timeout=1500) == 0, "".join(lines[-200:])
+
+  ref, got = _read(os.path.join(one, "grpo", "rounds.json")), _read(os.path.join(two, "grpo", "rounds.json"))
+  assert ref[0]["updates"] > 0 and ref[0]["batch_rows"] == 4  # smoke's grpo.train.batch_size
+  assert _close(got[0], ref[0]), (got[0], ref[0])  # the same loss, KL, clip fraction and global batch
+  for a, b in zip(jax.tree.leaves(load_policy(os.path.join(one, "grpo", "actor"), step=1).model),
+                  jax.tree.leaves(load_policy(os.path.join(two, "grpo", "actor"), step=1).model)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+  round2 = os.path.join(two, "grpo", "rounds", "round2")
+  assert rollout.shards(round2) == ["shard0", "shard1"]
+  steps = [s for t in rollout.episodes(TrajectoryStore(round2)) for s in t.steps if s.reply_ids]
+  assert steps
+  after_round1, sampled = _rescored(os.path.join(two, "grpo", "actor"), steps, 1.0, step=1)
+  np.testing.assert_allclose(sampled, after_round1, atol=1e-4)
+  start, _ = _rescored(os.path.join(two, "il"), steps, 1.0)
+  assert np.max(np.abs(start - sampled)) > 1e-3  # the check tells the start's weights from round 1's
+  assert _read(os.path.join(two, "results.json"))["il"] == _read(os.path.join(one, "results.json"))["il"]

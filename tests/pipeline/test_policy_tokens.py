@@ -70,3 +70,30 @@ def test_weights_in_memory_change_the_replies_without_recompiling(loaded):
     assert policy.generate([("hello", [])])[0].reply_ids == after.reply_ids
   finally:
     policy.set_weights(original)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("as_host", [False, True], ids=["learner_mesh", "host_values"])
+def test_weights_from_another_mesh_are_placed_as_the_policys_own(loaded, as_host):
+  """A learner's arrays span its mesh (here 8 devices; under `jax.distributed`, other processes' too, handed over
+  as host values): the policy keeps acting on its own device, with the same program, on the new values."""
+  policy = ModelPolicy(loaded, "webrl", temperature=0.0, max_tokens=16)
+  policy.generate([("hello", [])])
+  compiled = sampler._sample_jit._cache_size()  # pylint: disable=protected-access
+  placement = [(x.sharding, x.committed) for x in jax.tree.leaves(nnx.state(loaded.model))]
+  other = random_policy("decoder", seed=2, num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128)
+  mesh = jax.make_mesh((len(jax.devices()),), ("data",))
+  learner = jax.device_put(nnx.state(other.model), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  assert len(jax.devices()) > 1 and all(len(x.devices()) > 1 for x in jax.tree.leaves(learner))
+  original = jax.tree.map(jnp.copy, nnx.state(loaded.model))
+  try:
+    policy.set_weights(jax.tree.map(np.asarray, learner) if as_host else learner)
+    assert [(x.sharding, x.committed) for x in jax.tree.leaves(nnx.state(loaded.model))] == placement
+    for got, want in zip(jax.tree.leaves(nnx.state(loaded.model)), jax.tree.leaves(nnx.state(other.model))):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    reply = policy.generate([("hello", [])])[0]
+    assert sampler._sample_jit._cache_size() == compiled  # pylint: disable=protected-access
+    assert reply.reply_ids == ModelPolicy(other, "webrl", temperature=0.0, max_tokens=16).generate(
+        [("hello", [])])[0].reply_ids
+  finally:
+    policy.set_weights(original)

@@ -10,6 +10,11 @@ first update) is scored and the behaviour log-probs weight each token.
 The learner's state lives in memory across rounds (`weights()` hands it to the acting policy without a checkpoint);
 an Orbax checkpoint of it is written every `checkpoint_every` rounds and at the end, in a workdir the loaders read
 (`config.json`, `tokenizer/`, `agent.json`, `checkpoints/<round>`).
+
+Under `jax.distributed` every process holds the round's rows (the union of all processes' rollouts) and feeds its
+own share of each minibatch (`process_rows`), so a process count of P trains on the configured batch, each row
+once; the reference and proximal scoring is sharded the same way, and `weights()` gathers the learner's arrays
+onto every process's host for its own acting policy (the broadcast).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from jaxagent import models, sharding
 from jaxagent.agents import spec as agent_spec
 from jaxagent.agents.base import AgentFormat
 from jaxagent.data.tokenizer import load_tokenizer
+from jaxagent.pipeline import distributed
 from jaxagent.pipeline.stages import write_text
 from jaxagent.rl import losses
 from jaxagent.serving.checkpoint import load_policy
@@ -35,7 +41,7 @@ from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.metrics import MetricWriter
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.state import create_train_state_from_model, abstract_train_state
-from jaxagent.train.step import build_train_step, put_batch
+from jaxagent.train.step import batch_shardings, build_train_step, put_batch
 
 
 def _bucket(n: int) -> int:
@@ -67,6 +73,24 @@ def token_batch(rows: Sequence[dict], length: int, pad_id: int) -> dict[str, np.
   return out
 
 
+def process_rows(idx: np.ndarray, index: int, count: int) -> np.ndarray:
+  """Process `index`'s share of a global minibatch's row indices `idx`: the contiguous block `put_batch` places
+  on its devices (processes split the leading axis evenly, in process order)."""
+  if len(idx) % count:
+    raise ValueError(f"grpo.train.batch_size={len(idx)} does not split over {count} processes; make it a multiple "
+                     f"of {count}")
+  per = len(idx) // count
+  return idx[index * per:(index + 1) * per]
+
+
+def _gathered(x: jax.Array) -> np.ndarray:
+  """A global array's value on this process's host (an all-gather across processes when it spans several)."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def _token_logp(model, batch: dict, temperature: float) -> jax.Array:
   logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).astype(jnp.float32)
   logp = jax.nn.log_softmax(logits / temperature, -1)
@@ -82,14 +106,18 @@ class Learner:
     self.temperature = float(config.grpo.temperature)
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-      shutil.copytree(os.path.join(init_from, "tokenizer"), tok_dir)
-    write_text(os.path.join(workdir, "config.json"), stage_config.to_json_best_effort(indent=2))
+    if distributed.is_main():  # the workdir is shared: one process writes it, the others read it after the barrier
+      if not os.path.isdir(tok_dir):
+        shutil.copytree(os.path.join(init_from, "tokenizer"), tok_dir)
+      write_text(os.path.join(workdir, "config.json"), stage_config.to_json_best_effort(indent=2))
+    distributed.barrier(f"grpo learner: {workdir} written")
     tokenizer = load_tokenizer(tok_dir)
-    agent_spec.write(workdir, fmt, getattr(tokenizer, "chat_template", None))
+    if distributed.is_main():
+      agent_spec.write(workdir, fmt, getattr(tokenizer, "chat_template", None))
     self.pad_id = int(tokenizer.pad_token_id or 0)
     self.seq_len = int(stage_config.data.seq_len)
     self.minibatch = int(stage_config.train.batch_size)
+    process_rows(np.arange(self.minibatch), 0, jax.process_count())  # refused before the round's rollouts
     built = models.build(stage_config, tokenizer)
     self.mesh = sharding.make_mesh(dict(stage_config.mesh))
     tx, self.schedule = make_optimizer(stage_config.optim, int(stage_config.train.steps))
@@ -97,8 +125,12 @@ class Learner:
                              async_save=False)
     self.rng = jax.random.key(int(stage_config.seed))
     start = load_policy(init_from).model
-    self.reference = start if float(self.cfg.kl_coef) > 0 else None
     graphdef, state = nnx.split(start)
+    self.reference = None
+    if float(self.cfg.kl_coef) > 0:  # the start, on the learner's mesh: its scoring is sharded as the updates are
+      placed = jax.jit(lambda s: s, out_shardings=sharding.state_shardings(state, self.mesh))
+      with jax.set_mesh(self.mesh):
+        self.reference = nnx.merge(graphdef, placed(jax.device_get(state)))
     if self.ckpt.latest_step() is not None:
       self.ts = abstract_train_state(built.init, tx, self.mesh, wrt=built.trainable)
       self.ts.state, self.rng, _, _ = self.ckpt.restore(self.ts.abstract_state(), self.rng)
@@ -113,8 +145,13 @@ class Learner:
 
   def weights(self):
     """A snapshot of the current model's state, for `ModelPolicy.set_weights`: copies, since the next update
-    donates the learner's buffers (a lagged policy acts with a snapshot several updates old)."""
-    return jax.tree.map(jnp.copy, nnx.state(self.ts.model()))
+    donates the learner's buffers (a lagged policy acts with a snapshot several updates old). Under
+    `jax.distributed` the arrays span every process's devices and each process's policy acts on its own: every
+    process gets the values on its host (call it on every process)."""
+    state = nnx.state(self.ts.model())
+    if jax.process_count() == 1:
+      return jax.tree.map(jnp.copy, state)
+    return jax.tree.map(_gathered, state)
 
   def _loss(self, model, batch, rng):
     del rng
@@ -153,17 +190,20 @@ class Learner:
     if lagged:
       arrays["proximal_logp"] = self._scored(model, arrays, size)
     metrics: dict[str, list[float]] = {}
+    index, count = jax.process_index(), jax.process_count()
     for idx in batches:
-      batch = {k: v[idx] for k, v in arrays.items()}
+      batch = {k: v[process_rows(idx, index, count)] for k, v in arrays.items()}
       if self._step is None or self._step[1] != (length, tuple(sorted(batch))):
         fn, shard = build_train_step(self.ts, self._loss, self.schedule, self.mesh, batch, wrt=self.wrt)
         self._step = ((fn, shard), (length, tuple(sorted(batch))))
       (fn, shard), _ = self._step
       self.rng, key = jax.random.split(self.rng)
       with jax.set_mesh(self.mesh):
-        self.ts.state, out = fn(self.ts.state, put_batch(batch, shard), key)
+        placed = put_batch(batch, shard)
+        self.ts.state, out = fn(self.ts.state, placed, key)
       for k, v in jax.device_get(out).items():
         metrics.setdefault(k, []).append(float(v))
+      metrics.setdefault("batch_rows", []).append(placed["advantage"].shape[0])  # the global batch: all processes'
     summary = {k: float(np.mean(v)) for k, v in metrics.items()}
     if not np.isfinite(summary.get("loss", 0.0)):
       raise FloatingPointError(f"grpo: the loss is {summary['loss']} in round {self.round + 1}; lower grpo.optim.lr")
@@ -171,10 +211,16 @@ class Learner:
     return summary
 
   def _scored(self, model, arrays: dict, size: int) -> np.ndarray:
+    """log π(target) of every row under `model` (on the learner's mesh), in minibatches of `size` rows split over
+    the processes as the updates are (the last one filled from the start); every process gets all rows."""
+    n, index, count = len(arrays["input_ids"]), jax.process_index(), jax.process_count()
     out = []
-    for i in range(0, len(arrays["input_ids"]), size):
-      chunk = {k: arrays[k][i:i + size] for k in ("input_ids", "attention_mask", "targets")}
-      out.append(np.asarray(self._score(model, chunk)))
+    for i in range(0, n, size):
+      idx = process_rows(np.resize(np.arange(i, min(i + size, n)), size), index, count)
+      chunk = {k: arrays[k][idx] for k in ("input_ids", "attention_mask", "targets")}
+      with jax.set_mesh(self.mesh):
+        logp = self._score(model, put_batch(chunk, batch_shardings(chunk, self.mesh)))
+      out.append(_gathered(logp)[:min(size, n - i)])
     return np.concatenate(out) * arrays["loss_mask"]
 
   def end_round(self, round_index: int, metrics: dict, force: bool = False) -> None:

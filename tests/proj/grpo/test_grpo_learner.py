@@ -13,7 +13,7 @@ from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import finetune
 from jaxagent.pipeline.policy import load
 from jaxagent.proj.grpo import groups
-from jaxagent.proj.grpo.learner import Learner, token_batch
+from jaxagent.proj.grpo.learner import Learner, process_rows, token_batch
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "grpo.py")
 
@@ -115,3 +115,12 @@ def test_step_advantages_are_group_relative_and_gigpo_groups_identical_states():
   assert groups.identical_resets([_traj("t@r1g0", [0.0], ["a"]), _traj("t@r1g1", [0.0], ["b"])]) == 0.0
   with pytest.raises(ValueError, match="advantage"):
     groups.step_advantages(trajs, "ppo")
+
+
+def test_each_process_feeds_its_contiguous_share_of_a_minibatch():
+  idx = np.array([7, 3, 5, 1, 0, 2])
+  shares = [process_rows(idx, p, 3).tolist() for p in range(3)]
+  assert shares == [[7, 3], [5, 1], [0, 2]]  # in process order: what put_batch places on each process's devices
+  assert process_rows(idx, 0, 1).tolist() == idx.tolist()
+  with pytest.raises(ValueError, match="grpo.train.batch_size=6 does not split over 4 processes"):
+    process_rows(idx, 0, 4)
