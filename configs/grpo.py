@@ -14,6 +14,7 @@ Keys a researcher changes first:
   grpo.advantage       grpo ((R − mean) / std within the group) | dr_grpo (R − mean) | gigpo (grpo + the step-level
                        term over identical states, `gigpo_gamma`, `step_weight`)
   grpo.group_size      rollouts per task from one reset (G)
+  grpo.reward          env (MiniWoB++'s own: −1 for a wrong end, 0 for a time-out) | success (the judge's 1 or 0)
   grpo.clip_low/high   PPO's ε (DAPO's clip-higher: clip_high 0.28)
   grpo.kl_coef         β of the k3 KL to the IL start (verl-agent's 0.01; 0 = none, and no reference is scored)
   grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.)
@@ -57,7 +58,7 @@ def get_config(arg=None):
   c.grpo = ml_collections.ConfigDict(dict(
       rounds=10, tasks_per_round=6, group_size=6, temperature=1.0, advantage="grpo", gigpo_gamma=0.95,
       step_weight=1.0, epochs=2, clip_low=0.2, clip_high=0.2, kl_coef=0.01, loss_agg="token_mean",
-      max_lag=0, behaviour_weight_cap=5.0, checkpoint_every=5))
+      max_lag=0, behaviour_weight_cap=5.0, checkpoint_every=5, reward="env"))
   # train.batch_size: the steps of one update (the last of a pass filled from its start); a constant learning rate
   # after a short warm-up (train.steps only bounds the schedule)
   c.grpo.update(config_lib.stage(steps=2000, batch_size=16, lr=1e-4, warmup_steps=10, end_lr_ratio=1.0))

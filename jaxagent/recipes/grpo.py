@@ -46,6 +46,7 @@ CHOICES = {
     "model.kind": ("decoder",),
     "env.browser": ("chromium",),
     "grpo.advantage": groups.ADVANTAGES,
+    "grpo.reward": groups.REWARDS,
     "grpo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
 }
 
@@ -90,8 +91,9 @@ def stage_il(config, workdir, out):
 
 
 def stage_grpo(config, workdir, out):
-  """The rounds; `rounds.json` holds each one's training success, mean return, identical-reset check, loss, and
-  times (`collect_s` its rollouts took, `wait_s` the learner waited for them).
+  """The rounds; `rounds.json` holds each one's training success, mean return (under `grpo.reward`), fraction of
+  episodes that ran out of steps, identical-reset check, loss, and times (`collect_s` its rollouts took, `wait_s`
+  the learner waited for them).
   With `grpo.max_lag` L > 0 a thread collects the rounds up to r + L while the learner trains on round r
   (`pipeline.async_collect`): collection and updates overlap, each round acting with weights L updates old (its
   episodes' `meta["policy_lag"]`)."""
@@ -119,13 +121,16 @@ def stage_grpo(config, workdir, out):
         r, t0 = i + 1, time.monotonic()
         trajs, collect_s = collector.result(i)
         timing = {"collect_s": collect_s, "wait_s": time.monotonic() - t0}  # the wait: what overlap did not hide
-        adv = groups.step_advantages(trajs, str(g.advantage), float(g.gigpo_gamma), float(g.step_weight))
+        adv = groups.step_advantages(trajs, str(g.advantage), float(g.gigpo_gamma), float(g.step_weight),
+                                     str(g.reward))
         rows = [{"prompt_ids": s.prompt_ids, "reply_ids": s.reply_ids, "logprobs": s.reply_logprobs,
                  "advantage": float(a)} for t, a_t in zip(trajs, adv) for s, a in zip(t.steps, a_t)
                 if s.reply_ids]
         metrics = learner.update(rows, lagged=lag > 0, seed=int(config.seed) * 7919 + r)
         metrics.update(success_rate=success_rate(trajs), identical_resets=groups.identical_resets(trajs),
-                       mean_return=sum(map(groups.episode_return, trajs)) / max(len(trajs), 1), round=r, **timing)
+                       mean_return=sum(groups.episode_return(t, str(g.reward)) for t in trajs) / max(len(trajs), 1),
+                       truncated=sum(t.status == "truncated" for t in trajs) / max(len(trajs), 1),
+                       round=r, **timing)
         learner.end_round(r, metrics, force=r == int(g.rounds))
         log.append(metrics)
         print(f"grpo round {r}: success {metrics['success_rate']:.2f} return {metrics['mean_return']:+.2f} "

@@ -5,6 +5,11 @@ same start state); an episode's id is `<task id>@r<round>g<k>`. The advantage of
 group-relative return (`rl.losses.grpo_advantages`: GRPO, or Dr. GRPO's unnormalised form), plus with GiGPO a
 step-level term over the steps of the group that act on the same state (`rl.losses.gigpo_step_advantages`; the
 anchor is the step's prompt text, the observation as the policy read it).
+
+The rewards a group compares (`REWARDS`): `env`, the environment's own (MiniWoB++: +1 success, a partial or
+negative reward for a wrong end, 0 for a time-out), or `success`, the judge's outcome (1 or 0) at the episode's
+last step: the binary outcome reward of WebRL, DigiRL and verl-agent, under which running out the step budget is
+no better than a wrong end.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from jaxagent.rl import losses
 from jaxagent.rl.returns import mc_return
 
 ADVANTAGES = ("grpo", "dr_grpo", "gigpo")
+REWARDS = ("env", "success")
 
 
 def group_episodes(tasks: Sequence[types.Task], group_size: int, round_index: int) -> list[types.Task]:
@@ -31,10 +37,22 @@ def group_of(episode_id: str) -> str:
   return episode_id.rsplit("g", 1)[0]
 
 
-def episode_return(traj: types.Trajectory) -> float:
-  """The return a group compares: the environment's rewards summed over the episode (MiniWoB: its final reward);
-  an errored episode has none (it is left out of its group)."""
-  return float(sum(s.reward for s in traj.steps))
+def step_rewards(traj: types.Trajectory, reward: str = "env") -> np.ndarray:
+  """Each step's reward under `reward` (`REWARDS`): the environment's, or the judge's success at the last step."""
+  if reward == "env":
+    return np.array([s.reward for s in traj.steps], np.float32)
+  if reward != "success":
+    raise ValueError(f"reward={reward!r} is not one of {REWARDS}")
+  out = np.zeros(len(traj.steps), np.float32)
+  if len(out):
+    out[-1] = float(traj.success or 0.0)
+  return out
+
+
+def episode_return(traj: types.Trajectory, reward: str = "env") -> float:
+  """The return a group compares: the episode's rewards summed (MiniWoB's `env`: its final reward); an errored
+  episode has none (it is left out of its group)."""
+  return float(step_rewards(traj, reward).sum())
 
 
 def identical_resets(trajs: Sequence[types.Trajectory]) -> float:
@@ -48,11 +66,12 @@ def identical_resets(trajs: Sequence[types.Trajectory]) -> float:
 
 
 def step_advantages(trajs: Sequence[types.Trajectory], kind: str = "grpo", gamma: float = 0.95,
-                    step_weight: float = 1.0) -> list[np.ndarray]:
+                    step_weight: float = 1.0, reward: str = "env") -> list[np.ndarray]:
   """One advantage per step of each trajectory (in order); errored or empty episodes get an empty array.
 
   grpo: (R − mean) / (std + ε) within the group; dr_grpo: R − mean; gigpo: grpo's episode term plus
   `step_weight` × the step-level term on γ-discounted returns from each step, grouped by identical prompts.
+  `reward`: the rewards compared (`step_rewards`).
   """
   if kind not in ADVANTAGES:
     raise ValueError(f"advantage={kind!r} is not one of {ADVANTAGES}")
@@ -62,7 +81,7 @@ def step_advantages(trajs: Sequence[types.Trajectory], kind: str = "grpo", gamma
     return out
   groups = {g: k for k, g in enumerate(dict.fromkeys(group_of(trajs[i].task.id) for i in usable))}
   ids = np.array([groups[group_of(trajs[i].task.id)] for i in usable], np.int32)
-  returns = np.array([episode_return(trajs[i]) for i in usable], np.float32)
+  returns = np.array([episode_return(trajs[i], reward) for i in usable], np.float32)
   episode = np.asarray(losses.grpo_advantages(returns, ids, len(groups), "none" if kind == "dr_grpo" else "std"))
   if kind != "gigpo":
     for i, a in zip(usable, episode):
@@ -72,7 +91,7 @@ def step_advantages(trajs: Sequence[types.Trajectory], kind: str = "grpo", gamma
   step_ids, step_returns, owner = [], [], []
   for i, g in zip(usable, ids):
     steps = trajs[i].steps
-    for s, ret in zip(steps, mc_return(np.array([x.reward for x in steps], np.float32), gamma)):
+    for s, ret in zip(steps, mc_return(step_rewards(trajs[i], reward), gamma)):
       step_ids.append(anchors.setdefault((int(g), s.obs_text), len(anchors)))
       step_returns.append(float(ret))
       owner.append(i)

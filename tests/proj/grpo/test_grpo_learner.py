@@ -124,3 +124,18 @@ def test_each_process_feeds_its_contiguous_share_of_a_minibatch():
   assert process_rows(idx, 0, 1).tolist() == idx.tolist()
   with pytest.raises(ValueError, match="grpo.train.batch_size=6 does not split over 4 processes"):
     process_rows(idx, 0, 4)
+
+
+def test_the_success_reward_ranks_a_time_out_with_a_wrong_end():
+  """MiniWoB++'s own reward puts a time-out (0) above a wrong end (−1); the judge's outcome does not."""
+  wrong, timeout, won = (_traj(f"t@r1g{k}", r, ["s"] * len(r)) for k, r in enumerate(([-1.0], [0.0, 0.0], [1.0])))
+  won.success, wrong.success, timeout.success = 1.0, 0.0, 0.0
+  env = groups.step_advantages([wrong, timeout, won], "dr_grpo")
+  success = groups.step_advantages([wrong, timeout, won], "dr_grpo", reward="success")
+  assert env[1][0] > env[0][0] and success[1][0] == success[0][0] < success[2][0]
+  assert groups.step_rewards(timeout, "success").tolist() == [0.0, 0.0]
+  assert groups.step_rewards(won, "success").tolist() == [1.0] and groups.episode_return(wrong, "success") == 0.0
+  gi = groups.step_advantages([wrong, timeout, won], "gigpo", reward="success")
+  assert gi[0][0] == gi[1][0]  # the step-level term sees the same rewards
+  with pytest.raises(ValueError, match="reward"):
+    groups.step_rewards(won, "raw")
