@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import os
-import re
 
 from jaxagent import types
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import rollout
+from jaxagent.pipeline.seeds import seed_workdirs
 
 ENDS = ("success", "negative", "out_of_steps", "other")
 
@@ -33,8 +32,7 @@ def end_of(traj: types.Trajectory) -> str:
 def ends(workdir: str, policies: list[str] | None = None) -> dict[int, dict[str, dict[str, int]]]:
   """seed → policy → end → episodes, from each `seed<k>/eval/<policy>` store of a multi-seed `workdir` (or the
   workdir's own `eval/` as seed -1)."""
-  roots = {int(re.search(r"seed(\d+)$", d).group(1)): d for d in glob.glob(os.path.join(workdir, "seed*"))
-           if re.search(r"seed(\d+)$", d)} or {-1: workdir}
+  roots = seed_workdirs(workdir) or {-1: workdir}
   out = {}
   for seed, root in sorted(roots.items()):
     names = policies or sorted(n for n in os.listdir(os.path.join(root, "eval"))

@@ -12,19 +12,20 @@ bootstrap 95 % interval and the probability of improvement (`pipeline.report.pai
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
 
 from jaxagent.pipeline.report import paired_difference
+from jaxagent.pipeline.seeds import seed_workdirs
 
 
 def outcomes(workdir: str, name: str) -> dict[int, dict[str, float]]:
   """seed → episode id → 0/1 of policy `name` in each `seed<k>/results.json` of `workdir`."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(workdir, "seed*", "results.json"))):
-    seed = int(re.search(r"seed(\d+)", path).group(1))
+  for seed, root in seed_workdirs(workdir).items():
+    path = os.path.join(root, "results.json")
+    if not os.path.exists(path):
+      continue
     with open(path, encoding="utf-8") as f:
       results = json.load(f)
     if name not in results or "outcomes" not in results[name]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import statistics
 from typing import Any, Callable, Sequence
 
@@ -36,6 +37,16 @@ def parse_seeds(text: str) -> list[int]:
 
 def seed_workdir(workdir: str, seed: int) -> str:
   return os.path.join(workdir, f"seed{seed}")
+
+
+def seed_workdirs(workdir: str) -> dict[int, str]:
+  """seed → `seed<k>` directory of a multi-seed `workdir` (`--seeds`), by seed; {} for a single-seed one."""
+  found = {}
+  for name in os.listdir(workdir) if os.path.isdir(workdir) else ():
+    m = re.fullmatch(r"seed(\d+)", name)
+    if m and os.path.isdir(os.path.join(workdir, name)):
+      found[int(m.group(1))] = os.path.join(workdir, name)
+  return dict(sorted(found.items()))
 
 
 def combine(per_seed: dict[int, Any]) -> Any:

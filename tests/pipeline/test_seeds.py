@@ -147,3 +147,11 @@ def test_a_recipes_pairs_are_paired_beside_those_against_the_first_policy():
   assert list(paired) == ["fbc - il", "digiq - il", "digiq - fbc"]  # no duplicate, no pair without outcomes
   assert paired["digiq - fbc"]["mean"] == pytest.approx(0.25)
   assert paired["digiq - il"]["mean"] == pytest.approx(0.5)
+
+
+def test_seed_workdirs_lists_the_seed_directories_by_seed(tmp_path):
+  for name in ("seed10", "seed2", "seedx", "il"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "seed3").write_text("not a directory")
+  assert seeds.seed_workdirs(str(tmp_path)) == {2: str(tmp_path / "seed2"), 10: str(tmp_path / "seed10")}
+  assert seeds.seed_workdirs(str(tmp_path / "missing")) == {}

@@ -124,19 +124,13 @@ class Learner:
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), every=int(self.cfg.checkpoint_every), keep=2,
                              async_save=False)
     self.rng = jax.random.key(int(stage_config.seed))
-    start = load_policy(init_from).model
-    graphdef, state = nnx.split(start)
-    self.reference = None
-    if float(self.cfg.kl_coef) > 0:  # the start, on the learner's mesh: its scoring is sharded as the updates are
-      placed = jax.jit(lambda s: s, out_shardings=sharding.state_shardings(state, self.mesh))
-      with jax.set_mesh(self.mesh):
-        self.reference = nnx.merge(graphdef, placed(jax.device_get(state)))
+    start = load_policy(init_from, mesh=self.mesh).model  # on the learner's mesh: the reference's scoring is
+    self.reference = start if float(self.cfg.kl_coef) > 0 else None  # sharded as the updates are
     if self.ckpt.latest_step() is not None:
       self.ts = abstract_train_state(built.init, tx, self.mesh, wrt=built.trainable)
       self.ts.state, self.rng, _, _ = self.ckpt.restore(self.ts.abstract_state(), self.rng)
     else:
-      self.ts = create_train_state_from_model(nnx.merge(graphdef, jax.device_get(state)), tx, self.mesh,
-                                                wrt=built.trainable)
+      self.ts = create_train_state_from_model(start, tx, self.mesh, wrt=built.trainable)
     self.round = int(self.ckpt.latest_step() or 0)
     self.wrt = built.trainable
     self._step = None
