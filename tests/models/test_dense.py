@@ -1,0 +1,45 @@
+"""`layers.Dense` on one row (a decode step at batch 1): the product split over contraction chunks gives the plain
+product's values, and it is what the compiled program runs on CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxagent.models import layers
+
+
+def _dense(in_shape=(96,), out_shape=(3, 40)):
+  return layers.Dense(in_shape, out_shape, in_axes=("embed",), out_axes=("heads", "head_dim"), use_bias=True,
+                      rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("lead", [(1,), (1, 1), ()])
+def test_a_one_row_product_equals_the_plain_product(lead):
+  dense = _dense()
+  x = jax.random.normal(jax.random.key(1), (*lead, 96))
+  kernel = dense.kernel.get_value().reshape(96, 120)
+  want = (x.reshape(-1, 96) @ kernel).reshape(*lead, 3, 40) + dense.bias.get_value()
+  got = dense(x)
+  assert got.shape == (*lead, 3, 40)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _batched_dots(fn, *args) -> int:
+  """How many dot_generals with a batch dimension the jaxpr of `fn` holds."""
+  jaxpr = jax.make_jaxpr(fn)(*args)
+  return sum(1 for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"
+             and eqn.params["dimension_numbers"][1][0])
+
+
+def test_one_row_goes_through_contraction_chunks_and_several_rows_do_not(monkeypatch):
+  dense = _dense()
+  one, many = jnp.ones((1, 96)), jnp.ones((4, 96))
+  assert _batched_dots(lambda x: dense(x), one) == 1
+  assert _batched_dots(lambda x: dense(x), many) == 0
+  monkeypatch.setattr(layers, "ROW_SPLIT", 1)  # off
+  assert _batched_dots(lambda x: dense(x), one) == 0
+  odd = layers.Dense(90, 8, in_axes=("embed",), out_axes=("mlp",), rngs=nnx.Rngs(0))  # 90 % 4: plain product
+  monkeypatch.setattr(layers, "ROW_SPLIT", 4)
+  assert _batched_dots(lambda x: odd(x), jnp.ones((1, 90))) == 0
