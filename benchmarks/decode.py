@@ -51,9 +51,9 @@ def _timed(fn) -> tuple[float, float]:
 def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict:
   """Bytes/s this machine's memory moves, over `gib` GiB, far beyond the caches: jitted reads (a sum, row sums and
   a matrix-vector product, each over its own fresh array and each byte read once) and a NumPy copy (each byte read
-  and written once); the best of `repeats` each, and the best of all as the reference. On a shared machine the
-  same read runs at ~35 or ~70 GB/s from one process to the next (the pages it was given), so several arrays and
-  kernels give the reference its best chance to find the limit."""
+  and written once); the best of `repeats` each, and the best of all as the reference. On the shared 2-core
+  machine the same jitted sum read ~35 GB/s in one process and ~70 in the next, so several arrays and kernels give
+  the reference its best chance to find the limit."""
   n = int(gib * 2**30) // 4
   reads = {"jax_read_bytes_per_s": (jnp.sum, (n,)), "jax_row_sums_bytes_per_s": (lambda a: a.sum(1), (256, n // 256)),
            "jax_matvec_bytes_per_s": (lambda a: a @ jnp.ones(a.shape[1], a.dtype), (n // 1024, 1024))}

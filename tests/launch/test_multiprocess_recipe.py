@@ -123,8 +123,7 @@ def _read(path, workdir=""):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one", "two"))
-  two_lines = _run_both(one, two)
-  return one, two, two_lines
+  return one, two, _run_both(one, two)
 
 
 @pytest.mark.slow
