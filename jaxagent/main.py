@@ -11,6 +11,7 @@ import difflib
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Sequence
 
 from absl import app, flags, logging
@@ -182,6 +183,39 @@ def use_compilation_cache(environ=os.environ) -> str | None:
   return path
 
 
+def write_cache_from_every_process() -> bool:
+  """In a multi-process CPU job, each process writes its own programs to the persistent compilation cache.
+
+  JAX writes entries from process 0 only (so that processes sharing a bucket do not write the same entry), but on
+  CPU the key of the same global program differs between processes (its part hashing the devices' topology), so
+  process 0's entries never serve the others and every other process compiled every program again on every run:
+  a warm 2-process Digi-Q smoke run took 66 s, and 45 s once process 1 wrote its own. Each process writes only
+  its own keys. Wraps JAX's private writer; a JAX without it is left as it is (returns False)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1 or jax.default_backend() != "cpu":
+    return False
+  try:
+    from jax._src import compilation_cache, compiler  # pylint: disable=g-import-not-at-top
+    jax_write = compiler._cache_write  # pylint: disable=protected-access
+    put = compilation_cache.put_executable_and_time
+  except (ImportError, AttributeError):
+    return False
+
+  def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+    if jax.process_index() == 0:
+      return jax_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
+    if host_callbacks or compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
+      return None  # what JAX's writer skips too
+    try:
+      put(cache_key, module_name, executable, backend, int(compile_time_secs))
+    except Exception as e:  # pylint: disable=broad-except  # as JAX's writer: a cache never stops a run
+      warnings.warn(f"not writing the compilation cache entry of {module_name!r}: {type(e).__name__}: {e}")
+    return None
+
+  compiler._cache_write = write  # pylint: disable=protected-access
+  return True
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO; progress goes to tqdm
@@ -204,7 +238,8 @@ def main(argv):
   if config.get("distributed", False):
     init_distributed()
   import jax  # pylint: disable=g-import-not-at-top
-  use_compilation_cache()
+  if use_compilation_cache():
+    write_cache_from_every_process()
 
   def write_config(cfg, out: str) -> None:
     os.makedirs(out, exist_ok=True)

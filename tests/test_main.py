@@ -1,5 +1,6 @@
 """The entry point: override typos name the nearest valid keys; the resolved config lands in the workdir."""
 
+import io
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 from absl import app, flags
 
 from jaxagent import main
+from launch import local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IL = os.path.join(ROOT, "configs", "il.py")
@@ -153,6 +155,45 @@ def test_a_run_compiles_into_a_persistent_cache_the_environment_can_move_or_turn
   finally:
     jax.config.update("jax_compilation_cache_dir", saved[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+
+
+# One program over both processes' devices, run with the cache on; prints what the cache did for it.
+_CACHE_PROBE = """
+import collections
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxagent import main
+main.init_distributed()
+main.use_compilation_cache()
+each = main.write_cache_from_every_process()
+events = collections.Counter()
+jax.monitoring.register_event_listener(lambda event, **_: events.update([event]))
+mesh = Mesh(np.array(jax.devices()), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), np.ones((2 * jax.local_device_count(), 3)))
+total = float(jax.jit(lambda a: jnp.sum(a * a))(x))
+print("probe", each, total, events["/jax/compilation_cache/compile_requests_use_cache"],
+      events["/jax/compilation_cache/cache_hits"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_every_process_of_a_cpu_job_loads_its_programs_from_the_cache_on_the_next_run(tmp_path, monkeypatch):
+  """Run twice as 2 processes × 2 CPU devices on an empty cache: the second run compiles nothing in either
+  process (JAX alone would have process 1 compile again: process 0 writes, and process 1's keys differ)."""
+  (tmp_path / "probe.py").write_text(_CACHE_PROBE)
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), ROOT]))
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  runs = []
+  for _ in range(2):
+    out = io.StringIO()
+    assert local.launch([], num_processes=2, devices_per_process=2, module="probe", out=out) == 0, out.getvalue()
+    runs.append({line.split()[0]: line.split()[2:] for line in out.getvalue().splitlines() if " probe " in line})
+  for p in ("[p0]", "[p1]"):
+    each, total, requests, hits = runs[0][p]
+    assert (each, float(total), int(hits)) == ("True", 24.0, 0) and int(requests) >= 1, (p, runs[0])
+    _, _, requests, hits = runs[1][p]
+    assert int(hits) == int(requests) >= 1, (p, runs[1])
 
 
 def test_a_tools_overrides_are_cast_to_each_field_and_an_unknown_field_is_refused():
