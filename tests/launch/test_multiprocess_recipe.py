@@ -69,10 +69,9 @@ def _launch(num_processes, devices_per_process, workdir, config="digirl.py:smoke
 def _run_both(one, two, config="digirl.py:smoke", extra=DIGIRL_ARGS) -> list[str]:
   """The recipe as 2 processes × 4 devices into `two`, then as 1 × 8 into `one`; the 2-process run's output.
 
-  One after the other: the second process compiles every program afresh (JAX's persistent cache is written by
-  process 0 only, and on CPU each process's key differs), while the first loads them and waits at the first
-  collective, which fails if its peer is not there within Gloo's 30 s; a run beside it on the 2 cores made that
-  compile slower than 30 s in a CI run (docs/results/README.md#test-suite)."""
+  One after the other: a process that waits at the first collective gives up if its peer is not there within
+  Gloo's 30 s, and a run beside it on the 2 cores made one process's compile that much slower than its peer's in
+  a CI run (then process 1 compiled what process 0 loaded from the cache: docs/results/README.md#test-suite)."""
   outputs = []
   for processes, devices, workdir in ((2, 4, two), (1, 8, one)):
     proc, lines = _launch(processes, devices, workdir, config, extra)
