@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
@@ -183,6 +184,23 @@ def use_compilation_cache(environ=os.environ) -> str | None:
   return path
 
 
+_JAX_CACHE_WRITE_ARGS = ("cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks")
+
+
+def jax_cache_writer():
+  """(JAX's compiler module, its cache writer, the function that stores an entry) when this JAX has them as
+  `write_cache_from_every_process` expects; else None."""
+  try:
+    from jax._src import compilation_cache, compiler  # pylint: disable=g-import-not-at-top
+    jax_write = compiler._cache_write  # pylint: disable=protected-access
+    put = compilation_cache.put_executable_and_time
+  except (ImportError, AttributeError):
+    return None
+  if tuple(inspect.signature(jax_write).parameters) != _JAX_CACHE_WRITE_ARGS:
+    return None  # another JAX's writer: not ours to wrap
+  return compiler, jax_write, put
+
+
 def write_cache_from_every_process() -> bool:
   """In a multi-process CPU job, each process writes its own programs to the persistent compilation cache.
 
@@ -190,16 +208,12 @@ def write_cache_from_every_process() -> bool:
   CPU the key of the same global program differs between processes (its part hashing the devices' topology), so
   process 0's entries never serve the others and every other process compiled every program again on every run:
   a warm 2-process Digi-Q smoke run took 66 s, and 45 s once process 1 wrote its own. Each process writes only
-  its own keys. Wraps JAX's private writer; a JAX without it is left as it is (returns False)."""
+  its own keys. Wraps JAX's private writer; a JAX without it, or with another signature, is left as it is
+  (returns False)."""
   import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1 or jax.default_backend() != "cpu":
+  if jax.process_count() == 1 or jax.default_backend() != "cpu" or (found := jax_cache_writer()) is None:
     return False
-  try:
-    from jax._src import compilation_cache, compiler  # pylint: disable=g-import-not-at-top
-    jax_write = compiler._cache_write  # pylint: disable=protected-access
-    put = compilation_cache.put_executable_and_time
-  except (ImportError, AttributeError):
-    return False
+  compiler, jax_write, put = found
 
   def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
     if jax.process_index() == 0:

@@ -157,6 +157,17 @@ def test_a_run_compiles_into_a_persistent_cache_the_environment_can_move_or_turn
     jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
 
 
+def test_the_cache_writer_is_wrapped_only_where_jax_has_it_as_expected(monkeypatch):
+  from jax._src import compiler  # pylint: disable=g-import-not-at-top
+  found = main.jax_cache_writer()
+  assert found is not None and found[1] is compiler._cache_write  # this JAX: wrapped in a multi-process CPU job
+  assert main.write_cache_from_every_process() is False  # one process: nothing to do
+  monkeypatch.setattr(compiler, "_cache_write", lambda cache_key, module_name, executable: None)
+  assert main.jax_cache_writer() is None  # another signature: left alone
+  monkeypatch.delattr(compiler, "_cache_write")
+  assert main.jax_cache_writer() is None
+
+
 # One program over both processes' devices, run with the cache on; prints what the cache did for it.
 _CACHE_PROBE = """
 import collections
