@@ -208,16 +208,16 @@ def write_cache_from_every_process() -> bool:
   CPU the key of the same global program differs between processes (its part hashing the devices' topology), so
   process 0's entries never serve the others and every other process compiled every program again on every run:
   a warm 2-process Digi-Q smoke run took 66 s, and 45 s once process 1 wrote its own. Each process writes only
-  its own keys. Wraps JAX's private writer; a JAX without it, or with another signature, is left as it is
-  (returns False)."""
+  its own keys: processes other than 0 replace JAX's private writer; a JAX without it, or with another
+  signature, is left as it is (returns False)."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1 or jax.default_backend() != "cpu" or (found := jax_cache_writer()) is None:
     return False
-  compiler, jax_write, put = found
+  if jax.process_index() == 0:
+    return True  # JAX's own writer writes process 0's programs
+  compiler, _, put = found
 
   def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
-    if jax.process_index() == 0:
-      return jax_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
     if host_callbacks or compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
       return None  # what JAX's writer skips too
     try:

@@ -70,6 +70,8 @@ def main() -> int:
     elif not line.startswith(("tests/", "[gw")):
       sys.stdout.write(line)
   code = proc.wait()
+  if log:
+    log.close()
   wall = time.monotonic() - start
   stop.set()
   sampler.join()
