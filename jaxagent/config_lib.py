@@ -108,7 +108,9 @@ def vlm_model() -> ml_collections.ConfigDict:
   hidden_size, num_layers, num_heads, head_dim and intermediate_size, over a frozen ViT sized by `vision`);
   `hf_checkpoint`: a local HF directory to start from (weights + tokenizer), a
   `.gguf` file, or `smollm2` (SmolLM2-135M-Instruct, a real pretrained decoder available offline), "" =
-  random init; `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
+  random init; `base`: the project's own pre-trained base as the start ("pretrain": built once by
+  `configs/pretrain.py` and cached; or its export directory; `recipes.pretrain.resolve` sets `hf_checkpoint` to
+  it); `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer). `dtype` (compute) and `param_dtype` (storage): float32 | bfloat16 | float16, for every tower of
   every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch
@@ -120,7 +122,7 @@ def vlm_model() -> ml_collections.ConfigDict:
   decoder's attention and MLP projections; `models.LORA_TARGETS` lists every name); exports merge them in.
   """
   return ml_collections.ConfigDict(dict(
-      kind="vlm", hf_checkpoint="", hf_family="", dtype="float32", param_dtype="float32", remat="none",
+      kind="vlm", hf_checkpoint="", base="", hf_family="", dtype="float32", param_dtype="float32", remat="none",
       attention="xla",
       decoder=ml_collections.ConfigDict(dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                              head_dim=32, intermediate_size=256)),

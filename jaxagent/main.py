@@ -251,6 +251,11 @@ def main(argv):
     sys.exit(f"FATAL config error: {e}")
   if config.get("distributed", False):
     init_distributed()
+  from jaxagent.recipes import pretrain  # pylint: disable=g-import-not-at-top
+  try:  # model.base: the project's pre-trained base, built once into the cache (or a directory)
+    pretrain.resolve(config)
+  except ValueError as e:
+    sys.exit(f"FATAL config error: {e}")
   import jax  # pylint: disable=g-import-not-at-top
   if use_compilation_cache():
     write_cache_from_every_process()

@@ -43,9 +43,19 @@ DEFAULT_VOCAB_SIZE = 1024
 _VERSION = "bpe-v1"
 
 
-def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, corpus=None) -> str:
-  """Trains the byte-level BPE on the agent corpus and writes it to `out_dir` in HF format."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+# GPT-2's split, with an element's opening (`<a id="`, `<li>`) and closing tag (` </a>`) kept whole: the sites'
+# simplified HTML in ~25 % fewer tokens (3.5 characters a token against 2.7 at 4,096 entries), each element's id
+# one or two tokens right after its tag, and values split as everywhere else, so a copied string is the same
+# tokens on the page, in the instruction and in the reply.
+HTML_SPLIT = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?</?[a-z][a-z0-9]*(?: id="|>)?| ?\p{L}+| ?\p{N}+|">| ?[^\s\p{L}\p{N}]+"""
+              r"""|\s+(?!\S)|\s+""")
+
+
+def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, corpus=None,
+                            html: bool = False) -> str:
+  """Trains the byte-level BPE on the agent corpus and writes it to `out_dir` in HF format (`html`: with the
+  `HTML_SPLIT` pre-tokenizer, for models that read the sites' simplified HTML)."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
   from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
 
   if corpus is None:
@@ -53,6 +63,9 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
     corpus = synthetic_conversations.corpus()
   tok = Tokenizer(models.BPE(unk_token=None))
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  if html:
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(HTML_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -65,14 +78,14 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
   return out_dir
 
 
-def _train_once(path: str, vocab_size: int, corpus=None) -> str:
+def _train_once(path: str, vocab_size: int, corpus=None, html: bool = False) -> str:
   """`train_default_tokenizer` into `path` unless a tokenizer is there; built aside and renamed in one step, so
   concurrent builders (processes of one run) agree on one directory."""
   if not os.path.exists(os.path.join(path, "tokenizer.json")):
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tokenizer-")
-    train_default_tokenizer(tmp, vocab_size, corpus)
+    train_default_tokenizer(tmp, vocab_size, corpus, html)
     try:
       os.rename(tmp, path)
     except OSError:
@@ -80,12 +93,12 @@ def _train_once(path: str, vocab_size: int, corpus=None) -> str:
   return path
 
 
-def fit_tokenizer(out_dir: str, texts, vocab_size: int = 2 * DEFAULT_VOCAB_SIZE) -> str:
+def fit_tokenizer(out_dir: str, texts, vocab_size: int = 2 * DEFAULT_VOCAB_SIZE, html: bool = False) -> str:
   """The embedded BPE trained again with `texts` (a recipe's training texts) added to its corpus, in HF format in
   `out_dir`: a domain's pages then take about as many tokens as a large model's tokenizer writes them in (half
   the embedded one's on the bundled sites' HTML). Deterministic in `texts`; kept if already there."""
   from jaxagent.data import synthetic_conversations  # pylint: disable=g-import-not-at-top
-  return _train_once(out_dir, vocab_size, list(synthetic_conversations.corpus()) + list(texts))
+  return _train_once(out_dir, vocab_size, list(synthetic_conversations.corpus()) + list(texts), html)
 
 
 def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:

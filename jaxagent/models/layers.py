@@ -170,8 +170,9 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 def attention_mask(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
                    q_positions: jax.Array | None = None, k_positions: jax.Array | None = None,
-                   sliding_window: int | None = None) -> jax.Array:
-  """Boolean mask [B, 1, T, S]: causal in slot order, only valid keys, optionally a sliding window.
+                   sliding_window: int | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
+  """Boolean mask [B, 1, T, S]: causal in slot order, only valid keys, optionally a sliding window and, for packed
+  rows (`segment_ids` [B, T] over the input itself), only keys of the query's own segment.
 
   Slots are indices into the key sequence (the cache, or the input itself); positions are RoPE
   positions, used for the window so that padding holes do not count against it. A key is inside the
@@ -180,7 +181,17 @@ def attention_mask(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
   mask = (k_slots[:, None, :] <= q_slots[:, :, None]) & k_valid[:, None, :]
   if sliding_window is not None:
     mask &= (q_positions[:, :, None] - k_positions[:, None, :]) < sliding_window
+  if segment_ids is not None:
+    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
   return mask[:, None]
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+  """RoPE positions [B, T] of packed rows: each token's offset from the start of its (contiguous) segment."""
+  t = segment_ids.shape[-1]
+  slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1)
+  return slots - jax.lax.cummax(jnp.where(starts, slots, 0), axis=1)
 
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:

@@ -313,14 +313,23 @@ class Decoder(nnx.Module):
                    positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32))
 
   def hidden_states(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
-                    cache: KVCache | None = None):
-    """Final-norm hidden states [B,T,E] and the updated cache (None without one)."""
+                    cache: KVCache | None = None, segment_ids=None):
+    """Final-norm hidden states [B,T,E] and the updated cache (None without one).
+
+    `segment_ids` [B,T] (no cache): packed rows, several samples side by side (`data.packing`); a token attends
+    only within its own segment, positions restart at each segment, and id 0 is padding."""
     cfg = self.config
     if (input_ids is None) == (inputs_embeds is None):
       raise ValueError("Decoder: pass exactly one of input_ids or inputs_embeds")
     x = self.embed(input_ids) if inputs_embeds is None else sharding.shard(
         inputs_embeds.astype(as_dtype(cfg.dtype)), ("batch", "length", "act_embed"))
     b, t = x.shape[:2]
+    if segment_ids is not None:
+      if cache is not None or attention_mask is not None:
+        raise ValueError("Decoder: segment_ids (packed rows) take no cache and no attention_mask")
+      attention_mask = segment_ids > 0
+      if positions is None:
+        positions = layers.segment_positions(segment_ids)
     mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:  # the i-th valid token of a row gets position (cached tokens) + i
       start = 0 if cache is None else cache.lengths[:, None]
@@ -330,7 +339,8 @@ class Decoder(nnx.Module):
     q_slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
     if cache is None:
-      mask_fn = lambda: layers.attention_mask(q_slots, q_slots, mask, positions, positions, cfg.sliding_window)
+      mask_fn = lambda: layers.attention_mask(q_slots, q_slots, mask, positions, positions, cfg.sliding_window,
+                                              segment_ids)
       index = None
     else:
       index = cache.index
@@ -358,9 +368,9 @@ class Decoder(nnx.Module):
     return hidden, cache
 
   def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
-               cache: KVCache | None = None, return_hidden: bool = False):
+               cache: KVCache | None = None, return_hidden: bool = False, segment_ids=None):
     hidden, new_cache = self.hidden_states(input_ids, inputs_embeds=inputs_embeds, positions=positions,
-                                           attention_mask=attention_mask, cache=cache)
+                                           attention_mask=attention_mask, cache=cache, segment_ids=segment_ids)
     logits = self.logits(hidden)
     out = (logits, hidden) if return_hidden else (logits,)
     if cache is not None:

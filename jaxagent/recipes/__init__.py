@@ -15,6 +15,7 @@ RECIPES: dict[str, str] = {
     "digirl": "jaxagent.recipes.digirl",
     "webrl": "jaxagent.recipes.webrl",
     "grpo": "jaxagent.recipes.grpo",
+    "pretrain": "jaxagent.recipes.pretrain",
 }
 
 

@@ -1,0 +1,71 @@
+"""Pre-training the project's small base on grounding and copying (`jaxagent/recipes/pretrain.py`).
+
+  python -m jaxagent.main --config=configs/pretrain.py --workdir=/tmp/pretrain
+
+The bare file is the base every recipe's `--config.model.base=pretrain` builds once and caches: a Llama-family
+decoder trained from scratch on skill queries (click / type / search / read / say) over pages of worlds
+`corpus.worlds`, probed on worlds `probes.worlds`; both ranges lie above every evaluation world (the global seeds
+0, 1, 2, ... are the benchmark's worlds). Sizes, corpus and steps were fixed on the probes (held-out worlds), not on
+any benchmark figure: docs/results/pretrain.md.
+
+Keys a researcher changes first:
+  model.decoder     the base's size (hidden_size, num_layers, heads, intermediate_size)
+  pretrain.train    steps, batch_size (packed rows of data.seq_len tokens)
+  corpus.worlds     first / count: the pre-training worlds; corpus.walks_per_world × walk_steps pages a world,
+                    one conversation a page: a query in WebRL's prompt, then follow-up queries on the same page
+                    up to about corpus.sample_chars characters (~ data.seq_len tokens)
+  corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`)
+  loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
+  data.vocab_size   the BPE fitted on the corpus
+
+Variants (`configs/pretrain.py:<name>`):
+  smoke   a few worlds, pages and steps: the end-to-end test (`tests/recipes/test_pretrain.py`).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from jaxagent import config_lib
+
+VARIANTS = ("smoke",)
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, variant="")
+  c = config_lib.base_config(staged=True)
+  c.recipe = "pretrain"
+  c.loss_on = "reply"  # reply | all
+
+  c.model = config_lib.vlm_model()
+  c.model.kind = "decoder"
+  c.model.decoder.update(hidden_size=192, num_layers=3, num_heads=6, num_kv_heads=3, head_dim=32,
+                         intermediate_size=576)
+  c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
+  c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
+  c.data.max_images = 0
+
+  c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,type,search,read,say", walks_per_world=20,
+                                            walk_steps=8, sample_chars=4800, prompt_chars=15872))
+  c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
+  c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
+  c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))
+
+  c.pretrain = config_lib.stage(steps=600, batch_size=4, lr=2e-3, warmup_steps=60)
+  c.checkpoint.every = 100
+  c.checkpoint.async_save = False
+
+  if arg.variant == "smoke":
+    c.model.decoder.update(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                           intermediate_size=128)
+    c.data.update(vocab_size=1024, seq_len=1024)
+    c.corpus.update(walks_per_world=3, walk_steps=3, prompt_chars=1200, sample_chars=2000)
+    c.corpus.worlds.count = 2
+    c.probes.update(walks_per_world=2, examples=8, max_tokens=24)
+    c.probes.worlds.count = 1
+    c.pretrain.train.update(steps=3, batch_size=2)
+    c.train.progress_bar = False
+    c.checkpoint.every = 2
+  elif arg.variant:
+    raise ValueError(f"configs/pretrain.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
+  return c

@@ -1,0 +1,246 @@
+"""The pre-training corpus: skills on the bundled sites' pages, never their tasks.
+
+Pages come from worlds the benchmark never evaluates (`catalog.build_world(seed)` for seeds in the config's
+pre-training range), reached by a noisy walk through the link graph (`envs.sites.linkgraph`, train layouts only)
+from the start pages of those worlds' tasks. On each page a few single-step skill queries are written in the
+format a recipe acts in (WebRL's prompt over the compact simplified HTML, with 0-2 earlier rounds of history), and
+the reply is the action that answers it (a training conversation asks several on one page, `page_sample`):
+
+  click   "Click the link "X"." / "Open "X"."            -> do(action="Click", element="<id of X>")
+  type    'Type "S" into the "F" field.'                   -> do(action="Type", argument="S", element="<id of F>")
+  search  'Search for "S".'                                -> do(action="Search", argument="S", element="<box>")
+  read    'What is the price of "P"?' (price / rating / reviews / author) -> exit(message="<value on the page>")
+  say     'Answer with "S".'                               -> exit(message="S")
+
+S is drawn at random (words from nonsense syllables, codes, numbers), so only copying it from the instruction
+predicts it; X and P are elements of the page (never a held-out brand of the benchmark, `bench.HELD_OUT_BRANDS`),
+named uniquely on it. No benchmark intent, demonstration or evaluated world enters: the queries are generic
+skills and the worlds are disjoint from evaluation's (checked by `check_worlds`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from typing import Iterator
+
+from jaxagent.agents.webrl import compact_html, render_call, webrl_prompt
+from jaxagent.envs.sites import bench, linkgraph, textpage
+from jaxagent.types import Action, ActionKind
+
+SKILLS = ("click", "type", "search", "read", "say")
+FORMATS = ("webrl",)
+# World seeds the benchmark and the recipes evaluate on are the global seeds (0, 1, 2, ...); pre-training and
+# its probes keep to seeds at or above this.
+FIRST_PRETRAIN_WORLD = 1000
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "qua", "sh", "tr", "el", "on", "ar", "is",
+              "um", "ex", "br", "ch", "ly", "po", "fa", "gi", "do", "be", "xu", "wy", "ja", "ho")
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_ELEMENT = re.compile(r'<(a|button|input|textarea|select)\b id="(\d+)"[^>]*>([^<]*)<')
+_LISTING = re.compile(r'<a id="(\d+)"> ([^<]+?) </a> (\$[\d,]+\.\d\d) (\d\.\d) / 5 · (\d+) reviews')
+_LABEL = re.compile(r'<label> ([^<]{1,60}?) </label> <(?:textarea|input)\b id="(\d+)"')
+_PLACEHOLDER = re.compile(r'<(?:input|textarea)\b id="(\d+)"[^>]*placeholder="([^"]+)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One skill query on one page: the prompt the policy reads, the reply it should write, and what to check."""
+
+  skill: str
+  prompt: str
+  reply: str
+  element: str = ""  # the id the reply names (click / type / search)
+  text: str = ""  # the string the reply types or answers
+
+  def sample(self, sample_id: str) -> dict:
+    return {"id": sample_id, "images": [], "conversations": [{"from": "human", "value": self.prompt},
+                                                             {"from": "gpt", "value": self.reply}]}
+
+
+def check_worlds(name: str, first: int, count: int) -> None:
+  """A range of world seeds pre-training may use: at or above `FIRST_PRETRAIN_WORLD`, where no evaluation goes."""
+  if first < FIRST_PRETRAIN_WORLD or count < 1:
+    raise ValueError(f"config.{name}: worlds {first}..{first + count - 1} must start at or above "
+                     f"{FIRST_PRETRAIN_WORLD} (the benchmark's evaluation worlds are the global seeds below it) and "
+                     f"hold at least one; set --config.{name}.first={FIRST_PRETRAIN_WORLD}")
+
+
+def random_string(rng: random.Random) -> str:
+  """A string no model can guess: nonsense words, a code, a number, or a short phrase of them."""
+  word = lambda: "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
+  kind = rng.random()
+  if kind < 0.4:
+    return " ".join(word() for _ in range(rng.randint(1, 4)))
+  if kind < 0.6:
+    return word().capitalize() + " " + word()
+  if kind < 0.8:
+    return "".join(rng.choice(_LETTERS) for _ in range(rng.randint(2, 3))) + "-" + str(rng.randint(10, 9999))
+  return str(rng.randint(1, 99999))
+
+
+def _held_out(text: str) -> bool:
+  return any(b in text for b in bench.HELD_OUT_BRANDS)
+
+
+def _unique_elements(html: str) -> dict[str, tuple[str, str]]:
+  """{text: (tag, id)} of the page's interactive elements whose text names exactly one of them."""
+  seen: dict[str, list[tuple[str, str]]] = {}
+  for tag, eid, text in _ELEMENT.findall(html):
+    text = text.strip()
+    if text and len(text) <= 60:
+      seen.setdefault(text, []).append((tag, eid))
+  return {t: v[0] for t, v in seen.items() if len(v) == 1 and not _held_out(t)}
+
+
+def _fields(html: str) -> dict[str, str]:
+  """{name: id} of the page's text fields, named by their label or placeholder."""
+  out = {}
+  for name, eid in _LABEL.findall(html):
+    out.setdefault(name.strip(), eid)
+  for eid, name in _PLACEHOLDER.findall(html):
+    out.setdefault(name.strip(), eid)
+  return out
+
+
+def _click(rng, html):
+  names = _unique_elements(html)
+  if not names:
+    return None
+  text = rng.choice(sorted(names))
+  tag, eid = names[text]
+  what = {"a": "link", "button": "button"}.get(tag, "element")
+  query = rng.choice((f'Click the {what} "{text}".', f'Open "{text}".', f'Select the {what} labelled "{text}".',
+                      f'Follow the "{text}" {what}.'))
+  return query, Action(ActionKind.CLICK, element=int(eid)), eid, ""
+
+
+def _type(rng, html):
+  fields = _fields(html)
+  if not fields:
+    return None
+  name = rng.choice(sorted(fields))
+  s = random_string(rng)
+  query = rng.choice((f'Type "{s}" into the "{name}" field.', f'Enter "{s}" in "{name}".',
+                      f'Fill "{name}" with "{s}".'))
+  return query, Action(ActionKind.TYPE, element=int(fields[name]), text=s), fields[name], s
+
+
+def _search(rng, html):
+  box = re.search(r'<input id="(\d+)" type="search"', html)
+  if box is None:
+    return None
+  s = random_string(rng)
+  query = rng.choice((f'Search for "{s}".', f'Look up "{s}" with the search box.', f'Find "{s}".'))
+  return query, Action(ActionKind.TYPE, element=int(box.group(1)), text=s, enter=True), box.group(1), s
+
+
+def _read(rng, html):
+  rows = [r for r in _LISTING.findall(html) if not _held_out(r[1])]
+  names = [r[1] for r in rows]
+  rows = [r for r in rows if names.count(r[1]) == 1]
+  if not rows:
+    return None
+  _, name, price, rating, reviews = rng.choice(rows)
+  field, value = rng.choice((("price", price), ("rating", rating), ("number of reviews", reviews)))
+  query = rng.choice((f'What is the {field} of "{name}"?', f'Tell me the {field} of "{name}".'))
+  return query, Action(ActionKind.ANSWER, text=value), "", value
+
+
+def _say(rng, html):
+  del html
+  s = random_string(rng)
+  query = rng.choice((f'Answer with "{s}".', f'Reply "{s}" and stop.', f'Finish with the message "{s}".'))
+  return query, Action(ActionKind.ANSWER, text=s), "", s
+
+
+_MAKERS = {"click": _click, "type": _type, "search": _search, "read": _read, "say": _say}
+
+
+def _query(rng: random.Random, html: str, skills: tuple[str, ...]):
+  """One skill query on the page: (query, reply, element id, string), or None when the drawn skill has nothing
+  to act on here."""
+  skill = rng.choice(skills)
+  made = _MAKERS[skill](rng, html)
+  if made is None:
+    return None
+  query, action, eid, text = made
+  return query, render_call(action), eid, text, skill
+
+
+def _history(rng: random.Random) -> list[str]:
+  return [render_call(Action(ActionKind.CLICK, element=rng.randint(0, 60))) for _ in range(rng.choice((0, 0, 1, 2)))]
+
+
+def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
+                  max_prompt_chars: int) -> list[Example]:
+  """Up to `per_page` single queries on one page (its compact simplified HTML), each in WebRL's prompt with 0-2
+  earlier rounds: the probes' form, exactly what a recipe's policy reads."""
+  out = []
+  for _ in range(per_page):
+    made = _query(rng, html, skills)
+    if made is not None:
+      query, reply, eid, text, skill = made
+      out.append(Example(skill, webrl_prompt(query, _history(rng), html, max_prompt_chars), reply, eid, text))
+  return out
+
+
+def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prompt_chars: int,
+                sample_chars: int, sample_id: str) -> dict | None:
+  """A training conversation on one page: the first query in WebRL's prompt (the format recipes act in), then
+  follow-up turns `Task Instruction: <query>` on the same page until the conversation holds about `sample_chars`
+  characters (at least a few follow-ups): many supervised replies for one read of a long page."""
+  first = _query(rng, html, skills)
+  if first is None:
+    return None
+  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng), html, max_prompt_chars)},
+           {"from": "gpt", "value": first[1]}]
+  follow_up_chars = max(200, sample_chars - len(turns[0]["value"]))
+  used, tries = 0, 0
+  while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
+    tries += 1
+    made = _query(rng, html, skills)
+    if made is None:
+      continue
+    turns += [{"from": "human", "value": f"Task Instruction: {made[0]}"}, {"from": "gpt", "value": made[1]}]
+    used += len(made[0]) + len(made[1]) + 40
+  return {"id": sample_id, "images": [], "conversations": turns}
+
+
+def pages(first_world: int, num_worlds: int, walks_per_world: int, walk_steps: int, seed: int) -> Iterator[str]:
+  """Compact simplified HTML of the pages a noisy walk meets in worlds `first_world`.. (level 1 perturbations,
+  train layouts), from the start of that world's train tasks."""
+  rng = random.Random(seed)
+  for world in range(first_world, first_world + num_worlds):
+    tasks = bench.generate(world, "text", 1, splits=("train_c",))["train_c"]
+    env, policy = linkgraph.LinkEnv(world), linkgraph.NoisyLinkPolicy(epsilon=0.5)
+    for task in rng.sample(tasks, min(walks_per_world, len(tasks))):
+      env.reset(task)
+      policy.begin(env)
+      for _ in range(walk_steps):
+        yield compact_html(textpage.Page(env.html).simplify()[0])
+        env.step(policy.act(env, env.actions(), rng))
+        if env.done:
+          break
+
+
+def examples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, per_page: int,
+             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0) -> list[Example]:
+  """Single queries (the probes' form) over worlds `first_world` .. `first_world + num_worlds - 1`."""
+  rng = random.Random(f"examples/{seed}")
+  out = []
+  for html in pages(first_world, num_worlds, walks_per_world, walk_steps, seed):
+    out += page_examples(rng, html, skills, per_page, max_prompt_chars)
+  return out
+
+
+def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, sample_chars: int,
+            skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0) -> list[dict]:
+  """The training conversations (`page_sample`, one a page) over worlds `first_world` ..."""
+  rng = random.Random(f"samples/{seed}")
+  out = []
+  for k, html in enumerate(pages(first_world, num_worlds, walks_per_world, walk_steps, seed)):
+    made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"page-{k}")
+    if made is not None:
+      out.append(made)
+  return out

@@ -1,0 +1,237 @@
+"""Pre-training the project's own small base: grounding and copying on worlds the benchmark never evaluates.
+
+  python -m jaxagent.main --config=configs/pretrain.py --workdir=W
+
+Stages:
+  corpus     skill queries on pages of the pre-training worlds (`proj.pretrain.corpus`) and, apart, the probes'
+             on held-out worlds; never a benchmark intent or demonstration
+  tokenizer  a byte-level BPE fitted on the corpus, so that the sites' names and ids take few tokens
+  train      causal-LM training on the corpus, its samples packed into rows (`data.packing`), loss on the replies
+             (`loss_on`), through the shared loop (sharded, resumable, TensorBoard, a progress bar)
+  export     the model as a Hugging Face directory (`W/export/base`): what `model.base` points every recipe at
+  probes     greedy replies on the held-out worlds' queries: grounding (the id of the named element) and copying
+             (the typed or answered string), per skill
+
+A recipe names the base with `--config.model.base=pretrain` (built once into the cache by `ensure_base`, keyed by
+this config's content) or `--config.model.base=DIR` (an export or any HF directory).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import random
+
+import numpy as np
+
+from jaxagent import models
+from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenizer_lib
+from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.stages import Stages, read_json, write_json, write_text
+from jaxagent.proj.pretrain import corpus
+from jaxagent.serving.checkpoint import export_policy, load_policy
+from jaxagent.train import loop
+from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
+
+STAGES = ("corpus", "tokenizer", "train", "export", "probes")
+CHOICES = {"loss_on": ("reply", "all"), "corpus.format": corpus.FORMATS}
+
+
+def check_config(config) -> None:
+  """The pre-training and probe worlds lie above every evaluation world and apart from each other."""
+  corpus.check_worlds("corpus.worlds", int(config.corpus.worlds.first), int(config.corpus.worlds.count))
+  corpus.check_worlds("probes.worlds", int(config.probes.worlds.first), int(config.probes.worlds.count))
+  a, b = config.corpus.worlds, config.probes.worlds
+  if a.first < b.first + b.count and b.first < a.first + a.count:
+    raise ValueError(f"config.probes.worlds ({b.first}..{b.first + b.count - 1}) overlap config.corpus.worlds "
+                     f"({a.first}..{a.first + a.count - 1}): the probes must be on worlds pre-training never saw")
+  skills = [s.strip() for s in config.corpus.skills.split(",") if s.strip()]
+  if not skills or set(skills) - set(corpus.SKILLS):
+    raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: name one or more of {corpus.SKILLS}")
+
+
+def run(config, workdir: str) -> dict:
+  stages = Stages(workdir, "pretrain", config)
+  stages.run("corpus", lambda out: stage_corpus(config, out))
+  stages.run("tokenizer", lambda out: stage_tokenizer(config, workdir, out))
+  stages.run("train", lambda out: stage_train(config, workdir, out))
+  stages.run("export", lambda out: {"base": export_policy(os.path.join(workdir, "train"), os.path.join(out, "base"))})
+  results = stages.run("probes", lambda out: stage_probes(config, workdir, out))
+  write_json(os.path.join(workdir, "results.json"), results)
+  print(json.dumps(results, indent=1))
+  print(stages.table())
+  return results
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def _skills(config) -> tuple[str, ...]:
+  return tuple(s.strip() for s in config.corpus.skills.split(",") if s.strip())
+
+
+def stage_corpus(config, out):
+  c, skills = config.corpus, _skills(config)
+  train = corpus.samples(int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world),
+                         walk_steps=int(c.walk_steps), sample_chars=int(c.sample_chars), skills=skills,
+                         max_prompt_chars=int(c.prompt_chars), seed=int(config.seed))
+  p = config.probes
+  probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
+                           walk_steps=int(c.walk_steps), per_page=1, skills=skills,
+                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1)
+  probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
+  with open(os.path.join(out, "samples.jsonl"), "w", encoding="utf-8") as f:
+    for item in train:
+      f.write(json.dumps(item, ensure_ascii=False) + "\n")
+  with open(os.path.join(out, "probes.jsonl"), "w", encoding="utf-8") as f:
+    for k, ex in enumerate(probes):
+      f.write(json.dumps({**ex.sample(f"probe-{k}"), "skill": ex.skill, "element": ex.element, "text": ex.text},
+                         ensure_ascii=False) + "\n")
+  replies = [t["value"] for it in train for t in it["conversations"][1::2]]
+  return {"samples": len(train), "replies": len(replies), "probes": len(probes),
+          "probe_skills": dict(collections.Counter(ex.skill for ex in probes)),
+          "mean_chars": float(np.mean([sum(len(t["value"]) for t in it["conversations"]) for it in train]))}
+
+
+def _read(workdir: str, name: str) -> list[dict]:
+  with open(os.path.join(workdir, "corpus", f"{name}.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def stage_tokenizer(config, workdir, out):
+  items = _read(workdir, "samples")
+  path = tokenizer_lib.fit_tokenizer(os.path.join(out, "tokenizer"), conversation.texts(items[:4000]),
+                                     int(config.data.vocab_size), html=True)
+  tok = tokenizer_lib.load_tokenizer(path, require_image_token=False)
+  sample = items[:200]
+  chars = sum(len(t) for t in conversation.texts(sample))
+  tokens = sum(len(tok(t)["input_ids"]) for t in conversation.texts(sample))
+  return {"path": path, "vocab": len(tok), "chars_per_token": chars / max(tokens, 1)}
+
+
+def stage_train(config, workdir, out):
+  tok_dir = os.path.join(workdir, "tokenizer", "tokenizer")
+  tok = tokenizer_lib.load_tokenizer(tok_dir, require_image_token=False)
+  train_config = stage_config(config, config.pretrain)
+  tok.save_pretrained(os.path.join(out, "tokenizer"))
+  write_text(os.path.join(out, "config.json"), train_config.to_json_best_effort(indent=2))
+  seq_len = int(config.data.seq_len)
+  encoded, dropped = [], 0
+  for item in _read(workdir, "samples"):
+    ids, loss = conversation.tokenize(item, tok, 1)
+    if len(ids) > seq_len + 1:  # a cut sample would lose its reply
+      dropped += 1
+      continue
+    encoded.append((ids, loss if config.loss_on == "reply" else np.ones_like(loss)))
+  if not encoded:
+    raise ValueError(f"pretrain: no corpus sample fits config.data.seq_len={seq_len}; raise it")
+  rows = packing.pack(encoded, seq_len, pad_id=int(tok.pad_token_id))
+  built = models.build(train_config, tok)
+  ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(config.seed))
+  # the loss on the replies alone reads logits at those positions only (a tenth of the vocabulary projection)
+  most = int(rows["loss_mask"].sum(1).max())
+  loss = sparse_token_nll(most) if config.loss_on == "reply" else weighted_token_nll
+  loop.train(train_config, out, model_fn=built.init, loss_fn=loss, dataset=ds,
+             flops_per_token=built.flops_per_token, read_options=pipeline.read_options(int(config.data.num_threads)))
+  return {"rows": len(rows["input_ids"]), "fill": packing.fill(rows), "samples": len(encoded), "dropped": dropped,
+          "tokens": int((rows["segment_ids"] > 0).sum()),
+          "epochs": int(train_config.train.steps) * int(train_config.train.batch_size) / len(rows["input_ids"])}
+
+
+def stage_probes(config, workdir, out):
+  """Greedy replies to the held-out worlds' queries: the grounding accuracy (the reply names the element's id)
+  and the copy accuracy (the reply's typed or answered string is the one asked), per skill."""
+  from jaxagent.agents.webrl import WebRL  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.engine import Engine, GenerationRequest  # pylint: disable=g-import-not-at-top
+  policy = load_policy(os.path.join(workdir, "export", "base"))
+  engine = Engine(policy, max_batch=int(config.probes.batch), max_new_tokens=int(config.probes.max_tokens))
+  items, fmt = _read(workdir, "probes"), WebRL()
+  requests = [GenerationRequest(prompt=engine.training_prompt(it["conversations"][:1]), max_tokens=int(config.probes.max_tokens), temperature=0.0) for it in items]
+  replies = [r.text for r in engine.generate(requests)]
+  per_skill: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+  rows = []
+  for it, reply in zip(items, replies):
+    action = fmt.parse(reply)
+    s = per_skill[it["skill"]]
+    if it["element"]:
+      s["grounding"].append(float(action.element is not None and str(action.element) == it["element"]))
+    if it["text"]:
+      s["copy"].append(float(action.text == it["text"]))
+    s["exact"].append(float(reply.strip() == it["conversations"][1]["value"].strip()))
+    rows.append({"id": it["id"], "skill": it["skill"], "reply": reply, "want": it["conversations"][1]["value"]})
+  write_json(os.path.join(out, "replies.json"), rows)
+  table = {skill: {k: float(np.mean(v)) for k, v in m.items()} | {"n": len(m["exact"])}
+           for skill, m in sorted(per_skill.items())}
+  pooled = lambda key: [x for m in per_skill.values() for x in m.get(key, [])]
+  return {"grounding": float(np.mean(pooled("grounding"))), "copy": float(np.mean(pooled("copy"))),
+          "exact": float(np.mean(pooled("exact"))), "n": len(items), "by_skill": table}
+
+
+# ------------------------------------------------------------------------------------------ the base for recipes
+
+
+def base_key(config) -> str:
+  """The content of a pre-training config (everything that changes the base) as a short hash."""
+  blob = json.dumps(config.to_dict(), sort_keys=True, default=str)
+  return hashlib.sha1(f"{corpus.__doc__}{blob}".encode()).hexdigest()[:12]
+
+
+def cache_dir() -> str:
+  return os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
+
+
+def load_config(arg: str = ""):
+  """`configs/pretrain.py[:arg]` of this checkout (the file beside the package)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "configs", "pretrain.py")
+  if not os.path.exists(path):
+    raise ValueError(f"config.model.base=pretrain builds from configs/pretrain.py, not found at {path} (an "
+                     "installed package without its checkout); set --config.model.base to a base's directory")
+  spec = importlib.util.spec_from_file_location("jaxagent_configs_pretrain", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def ensure_base(arg: str = "") -> str:
+  """The exported base of `configs/pretrain.py[:arg]`, built once (with a progress bar) into the cache, keyed by
+  its config's content; returns its HF directory."""
+  config = load_config(arg)
+  workdir = os.path.join(cache_dir(), f"base-{base_key(config)}")
+  base = os.path.join(workdir, "export", "base")
+  if not os.path.exists(os.path.join(workdir, "probes", "DONE")):
+    print(f"model.base: building the pre-trained base into {workdir} (once; configs/pretrain.py)")
+    os.makedirs(workdir, exist_ok=True)
+    write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    check_config(config)
+    run(config, workdir)
+  return base
+
+
+def resolve(config) -> None:
+  """`config.model.base` as the checkpoint recipes start from: "pretrain" (or "pretrain:ARG") builds or reuses the
+  cached base; a directory is taken as it is. Sets `model.hf_checkpoint` to it (the weights, architecture and
+  tokenizer every recipe already reads from there)."""
+  base = config.model.get("base", "")
+  if not base:
+    return
+  if config.model.hf_checkpoint:
+    raise ValueError(f"config.model.base={base!r} and config.model.hf_checkpoint={config.model.hf_checkpoint!r} "
+                     "both name a start; set one of them (--config.model.hf_checkpoint='')")
+  if base == "pretrain" or base.startswith("pretrain:"):
+    path = ensure_base(base.partition(":")[2])
+  elif os.path.isdir(base):
+    path = base
+  else:
+    raise ValueError(f"config.model.base={base!r} is neither 'pretrain' nor a directory; set "
+                     "--config.model.base=pretrain (the cached base) or a base's export directory")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise ValueError(f"config.model.base={base!r}: {path} holds no config.json (an exported base has one)")
+  with config.unlocked():
+    config.model.hf_checkpoint = path
+    if config.get("data") is not None and "tokenizer" in config.data:
+      config.data.tokenizer = ""  # the base's own
+  # recorded, so a rerun of the same recipe finds the same base
+  read_json(os.path.join(path, "config.json"))

@@ -1,0 +1,74 @@
+"""The pre-training corpus teaches skills on pages of unevaluated worlds: every reply is right for its query and
+page, copied strings are random, and no evaluation world enters."""
+
+import random
+import re
+
+import pytest
+
+from jaxagent.agents.webrl import WebRL, current_html
+from jaxagent.proj.pretrain import corpus
+from jaxagent.types import ActionKind
+
+FMT = WebRL()
+
+
+@pytest.fixture(scope="module")
+def samples():
+  return corpus.samples(1000, 2, walks_per_world=4, walk_steps=4, sample_chars=3000, seed=0)
+
+
+def _element_text(html: str, eid: str) -> str:
+  m = re.search(rf'<(?:a|button|input|textarea|select)\b id="{eid}"[^>]*>([^<]*)<', html)
+  return m.group(1).strip() if m else ""
+
+
+def test_every_reply_answers_its_query_on_its_page(samples):
+  checked = {"click": 0, "type": 0, "search": 0, "read": 0, "say": 0}
+  for item in samples:
+    turns = item["conversations"]
+    html = current_html(turns[0]["value"] + "\n\n<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n")
+    assert "seed 100" in html  # a page of world 1000 or 1001 (the sites' footer names its world)
+    for human, gpt in zip(turns[0::2], turns[1::2]):
+      query = re.search(r"Task Instruction: (.*?)(?:\n|$)", human["value"]).group(1)
+      quoted = re.findall(r'"([^"]*)"', query)
+      action = FMT.parse(gpt["value"])
+      assert action.kind != ActionKind.INVALID, gpt["value"]
+      if action.kind == ActionKind.CLICK:
+        assert _element_text(html, str(action.element)) == quoted[0], (query, gpt["value"])
+        checked["click"] += 1
+      elif action.kind == ActionKind.TYPE:
+        assert action.text in quoted and (action.enter or f'id="{action.element}"' in html)
+        checked["search" if action.enter else "type"] += 1
+      elif query.startswith(("What is", "Tell me")):
+        assert re.search(re.escape(quoted[0]) + r" </a> [^<]*" + re.escape(action.text), html), (query, action)
+        checked["read"] += 1
+      else:
+        assert action.kind == ActionKind.ANSWER and action.text == quoted[0]
+        checked["say"] += 1
+  assert all(n > 0 for n in checked.values()), checked
+  assert sum(len(it["conversations"]) // 2 for it in samples) > 5 * len(samples)  # follow-ups on each page
+
+
+def test_typed_strings_are_drawn_afresh_so_only_copying_predicts_them():
+  a = [corpus.random_string(random.Random(f"a{k}")) for k in range(300)]
+  b = {corpus.random_string(random.Random(f"b{k}")) for k in range(300)}
+  assert len(set(a)) > 280 and len(set(a) & b) < 15
+
+
+def test_probe_examples_are_single_queries_in_the_recipes_prompt():
+  examples = corpus.examples(5000, 1, walks_per_world=2, walk_steps=3, per_page=2, seed=1)
+  assert examples and all(ex.prompt.startswith("Task Instruction: ") for ex in examples)
+  for ex in examples:
+    action = FMT.parse(ex.reply)
+    if ex.element:
+      assert str(action.element) == ex.element
+    if ex.text:
+      assert action.text == ex.text
+
+
+def test_worlds_below_the_pretraining_range_are_refused():
+  corpus.check_worlds("corpus.worlds", 1000, 5)
+  for first, count in ((0, 10), (999, 3), (1000, 0)):
+    with pytest.raises(ValueError, match="corpus.worlds"):
+      corpus.check_worlds("corpus.worlds", first, count)
