@@ -40,7 +40,7 @@ def get_config(arg=None):
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
   c.model.decoder.update(hidden_size=192, num_layers=3, num_heads=6, num_kv_heads=3, head_dim=32,
-                         intermediate_size=576)
+                         intermediate_size=576, max_position_embeddings=4096)  # the recipes' longest prompts
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0

@@ -58,6 +58,9 @@ Variants (`configs/webrl.py:<name>`):
           pool train_c, mutated along the tier axis; every headline intent (210) and the negative control's 8
           evaluated once per policy; the original's prompt cut (15872), as its pages outgrow the default's.
           `bench=1` puts another variant on the benchmark the same way, e.g. `configs/webrl.py:smollm,bench=1`.
+  base=1  starts from the project's pre-trained base (`model.base=pretrain`, configs/pretrain.py, built once and
+          cached): its size and tokenizer, no warm-ups (it reads already), 96 demonstrations and 300 SFT steps at
+          5e-4, e.g. `configs/webrl.py:bench,base=1` (docs/results/pretrain.md).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ VARIANTS = ("smoke", "smollm", "bench")
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, variant="", bench=False)
+  arg = config_lib.parse_arg(arg, variant="", bench=False, base=False)
   c = config_lib.base_config(staged=True)
   c.recipe = "webrl"
   c.html = "compact"  # full | compact
@@ -198,4 +201,9 @@ def get_config(arg=None):
     # element is out of the prompt on 30 % of its headline steps (docs/results/webrl.md#bench-cut)
     c.prompt_chars = 15872
     c.data.seq_len = 4096  # ≥ the longest such prompt + reply in the embedded tokenizer (3,909)
+  if arg.base:
+    c.model.base = "pretrain"
+    c.sft.warmup.steps = c.orm.warmup.steps = 0  # the base reads already
+    c.demos.episodes = 96
+    c.sft.update(config_lib.stage(steps=300, batch_size=4, lr=5e-4))
   return c

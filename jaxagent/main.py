@@ -20,6 +20,8 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/<recipe>.py[:variant]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: resolved config, checkpoints, TensorBoard, profiles.")
+_STOP_AFTER = flags.DEFINE_string("stop_after", "", "End the run once this stage is done (e.g. sft: a recipe's "
+                                   "start alone); one seed, no --seeds.")
 _SEEDS = flags.DEFINE_string("seeds", "", "Global seeds, e.g. 0,1,2: the whole recipe once per seed in "
                              "<workdir>/seed<k>/ (config.seed = k), their results combined in <workdir>/results.json")
 
@@ -247,6 +249,8 @@ def main(argv):
     if hasattr(recipe, "check_config"):  # the recipe's rules across keys (a key another one makes required)
       recipe.check_config(config)
     seeds = seeds_lib.parse_seeds(_SEEDS.value) if _SEEDS.value else None
+    if _STOP_AFTER.value and seeds is not None:
+      raise ValueError("--stop_after ends one run; drop --seeds (run each seed with --config.seed=K)")
   except (ConfigError, ValueError) as e:
     sys.exit(f"FATAL config error: {e}")
   if config.get("distributed", False):
@@ -271,7 +275,12 @@ def main(argv):
   logging.info("recipe %s → %s", config.recipe, workdir)
   if seeds is None:
     write_config(config, workdir)
-    recipe.run(config, workdir)
+    from jaxagent.pipeline import stages as stages_lib  # pylint: disable=g-import-not-at-top
+    stages_lib.STOP_AFTER = _STOP_AFTER.value or None
+    try:
+      recipe.run(config, workdir)
+    except stages_lib.StopAfter:
+      pass
   else:
     seeds_lib.run_seeds(recipe.run, config, workdir, seeds, write_config, getattr(recipe, "PAIRS", ()))
 

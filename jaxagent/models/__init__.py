@@ -155,7 +155,8 @@ def _build(config, tokenizer) -> BuiltModel:
   dcfg = llama.DecoderConfig.tiny(**{
       **dict(mcfg.decoder), **precision(mcfg), "attention": _attention_here(mcfg),
       "vocab_size": _round_up(len(tokenizer)),
-      "max_position_embeddings": max(seq_len, 512), "pad_token_id": tokenizer.pad_token_id,
+      "max_position_embeddings": max(seq_len, 512, int(mcfg.decoder.get("max_position_embeddings", 0))),
+      "pad_token_id": tokenizer.pad_token_id,
       "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
   seed = int(config.seed)
   if mcfg.kind == "decoder":

@@ -84,6 +84,14 @@ def brief(value: Any, max_items: int = 12) -> Any:
   return value
 
 
+# `python -m jaxagent.main --stop_after=NAME`: the run ends once the stage NAME is done (a recipe's start alone, say)
+STOP_AFTER: str | None = None
+
+
+class StopAfter(Exception):
+  """Raised by `Stages.run` once the stage `STOP_AFTER` names is done; `jaxagent.main` ends the run there."""
+
+
 class Stages:
   """The stage runner of one recipe run: `summary = stages.run(name, fn)` calls `fn(stage_dir)` unless the
   stage is DONE, and returns its summary (a JSON-able dict) either way."""
@@ -105,6 +113,7 @@ class Stages:
     out = self.dir(name)
     if distributed.agree(self.is_done(name)):  # process 0's view, so that no process runs a stage alone
       say(f"[{self.tag}] {name}: done already, skipped{self._drift(out)}")
+      self._stop_after(name)
       return read_json(os.path.join(out, DONE))
     os.makedirs(out, exist_ok=True)
     main = distributed.is_main()
@@ -120,7 +129,13 @@ class Stages:
       write_json(os.path.join(out, DONE), summary)
     distributed.barrier(f"{self.tag}/{name}: recorded")  # no process reads the marker before it is written
     say(f"[{self.tag}] {name}: {json.dumps(brief(summary))}")
+    self._stop_after(name)
     return summary
+
+  def _stop_after(self, name: str) -> None:
+    if STOP_AFTER and name == STOP_AFTER:
+      say(f"[{self.tag}] stopping after {name} (--stop_after)")
+      raise StopAfter(name)
 
   def _drift(self, out: str) -> str:
     """'; it ran with k=old (now new), ...' for the config values that differ from the finished stage's."""
