@@ -86,6 +86,15 @@ def test_a_run_killed_after_round_one_resumes_from_its_checkpoint(pipeline):
   assert store() == before  # round 2's stored episodes were replayed, not run again
 
 
+def test_episodes_end_by_the_step_limit_unless_the_page_clock_is_asked_for():
+  """The recipe's demonstrations, rounds and evaluation run MiniWoB++ without the page's wall-clock limit, so a
+  reward does not depend on the machine's speed (`tests/envs/test_miniwob.py` plays both)."""
+  config = grpo_config.get_config("smoke")
+  assert grpo.env_spec(config)["episode_max_time_ms"] == 0
+  config.tasks.page_clock = True
+  assert grpo.env_spec(config)["episode_max_time_ms"] is None  # each page's own limit
+
+
 def test_config_is_refused_before_any_work():
   config = grpo_config.get_config("smoke")
   config.grpo.group_size = 1
