@@ -19,7 +19,8 @@ Keys a researcher changes first:
   tasks.page_clock     False: the step limit ends an episode (the default) | True: each page's wall-clock limit too
   grpo.clip_low/high   PPO's ε (DAPO's clip-higher: clip_high 0.28)
   grpo.kl_coef         β of the k3 KL to the IL start (verl-agent's 0.01; 0 = none, and no reference is scored)
-  grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.)
+  grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.
+                       GRPO: each reply's token sum ÷ the generation budget `sampling.max_tokens`)
   grpo.max_lag         rounds collected by weights this many rounds old, corrected by decoupled PPO (behaviour
                        weights capped at `behaviour_weight_cap`), in a thread beside the learner's updates
   model.lora.rank      > 0 trains low-rank adapters only (the SmolLM2 variant)
@@ -47,6 +48,8 @@ def get_config(arg=None):
 
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
+  # seq_len: IL's training length; the GRPO learner trains each round at its longest step's (the sampler takes any
+  # prompt the model's context holds)
   c.data = ml_collections.ConfigDict(dict(tokenizer="demos", seq_len=1024, image_size=64, max_images=0,
                                           num_threads=2))
   # "" = envs.miniwob.HEADLINE_TASKS; train / test seeds per task (disjoint ranges)
