@@ -125,3 +125,24 @@ def test_lagged_rounds_are_collected_while_the_learner_trains(pipeline, tmp_path
     log = json.load(f)
   assert [m["round"] for m in log] == [1, 2, 3]
   assert log[1]["wait_s"] < log[1]["collect_s"], log[1]
+
+
+@pytest.mark.slow
+def test_the_smollm_variant_runs_end_to_end_on_a_two_layer_cut(smollm2_cut, tmp_path):
+  """`configs/grpo.py:smollm` (the checkpoint's own tokenizer and chat template, LoRA rank 8) with SmolLM2 cut to
+  two layers and a smoke's budget: solvers' IL, a GRPO round in Chromium, the evaluation of both actors."""
+  config = grpo_config.get_config("smollm")
+  config.model.hf_checkpoint = smollm2_cut
+  config.tasks.update(names="click-button", train_seeds=2, test_seeds=1, max_steps=2)
+  config.env.workers = 2
+  config.sampling.max_tokens = 16
+  config.demos.episodes = 2
+  config.il.train.update(steps=2, batch_size=2)
+  config.grpo.update(rounds=1, tasks_per_round=1, group_size=2, epochs=1)
+  config.grpo.train.batch_size = 2
+  config.train.progress_bar = False
+  grpo.check_config(config)
+  results = grpo.run(config, str(tmp_path))
+  assert set(results) == {"il", "grpo"} and all(r["episodes"] == 1 for r in results.values())
+  actor = load(str(tmp_path / "grpo" / "actor"), temperature=0.0)
+  assert actor.loaded.tokenizer.chat_template and actor.loaded.model.config.num_layers == 2

@@ -113,7 +113,7 @@ class Learner:
         shutil.copytree(os.path.join(init_from, "tokenizer"), tok_dir)
       write_text(os.path.join(workdir, "config.json"), stage_config.to_json_best_effort(indent=2))
     distributed.barrier(f"grpo learner: {workdir} written")
-    tokenizer = load_tokenizer(tok_dir)
+    tokenizer = load_tokenizer(tok_dir, require_image_token=str(stage_config.model.kind) == "vlm")  # SmolLM2's: none
     if distributed.is_main():
       agent_spec.write(workdir, fmt, getattr(tokenizer, "chat_template", None))
     self.pad_id = int(tokenizer.pad_token_id or 0)
