@@ -14,10 +14,13 @@ Keys a researcher changes first:
   grpo.advantage       grpo ((R − mean) / std within the group) | dr_grpo (R − mean) | gigpo (grpo + the step-level
                        term over identical states, `gigpo_gamma`, `step_weight`)
   grpo.group_size      rollouts per task from one reset (G)
-  grpo.reward          env (MiniWoB++'s own: −1 for a wrong end, 0 for a time-out) | success (the judge's 1 or 0)
+  grpo.reward          env (MiniWoB++'s own: −1 for a wrong end, 0 for running out of steps) | success (the judge's
+                       1 or 0)
+  tasks.page_clock     False: the step limit ends an episode (the default) | True: each page's wall-clock limit too
   grpo.clip_low/high   PPO's ε (DAPO's clip-higher: clip_high 0.28)
   grpo.kl_coef         β of the k3 KL to the IL start (verl-agent's 0.01; 0 = none, and no reference is scored)
-  grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.)
+  grpo.loss_agg        token_mean (verl's default) | seq_mean_token_mean (GRPO's paper) | seq_mean_token_sum_norm (Dr.
+                       GRPO: each reply's token sum ÷ the generation budget `sampling.max_tokens`)
   grpo.max_lag         rounds collected by weights this many rounds old, corrected by decoupled PPO (behaviour
                        weights capped at `behaviour_weight_cap`), in a thread beside the learner's updates
   model.lora.rank      > 0 trains low-rank adapters only (the SmolLM2 variant)
@@ -45,10 +48,15 @@ def get_config(arg=None):
 
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
+  # seq_len: IL's training length; the GRPO learner trains each round at its longest step's (the sampler takes any
+  # prompt the model's context holds)
   c.data = ml_collections.ConfigDict(dict(tokenizer="demos", seq_len=1024, image_size=64, max_images=0,
                                           num_threads=2))
   # "" = envs.miniwob.HEADLINE_TASKS; train / test seeds per task (disjoint ranges)
-  c.tasks = ml_collections.ConfigDict(dict(names="", train_seeds=200, test_seeds=4, max_steps=6))
+  # page_clock: False = the step limit `max_steps` alone ends an episode the page does not; True = each page's own
+  # wall-clock limit too (MiniWoB++'s `core.EPISODE_MAX_TIME`, 7-30 s, ending with −1), the `miniwob` package's
+  # behaviour, under which a reward depends on the machine's and the model's speed
+  c.tasks = ml_collections.ConfigDict(dict(names="", train_seeds=200, test_seeds=4, max_steps=6, page_clock=False))
   c.env = config_lib.env_block(workers=4)
   c.sampling = ml_collections.ConfigDict(dict(max_tokens=48, max_batch=32))
 

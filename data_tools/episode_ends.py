@@ -1,6 +1,7 @@
 """How a run's evaluated policies ended their episodes, per global seed: a success (the judge's 1), a negative
-reward (a wrong end, e.g. MiniWoB++'s −1), out of steps (status `truncated`), or anything else (a partial reward,
-a stop without one). A policy that maximises a return in which running out of steps (0) beats a wrong end (−1) can
+reward (a wrong end, e.g. MiniWoB++'s −1), out of time (MiniWoB++'s page clock ended it: −1 with the reason "timed
+out", only where the page's clock was kept), out of steps (status `truncated`), or anything else (a partial
+reward, a stop without one). A policy that maximises a return in which running out of steps (0) beats a wrong end (−1) can
 raise its return without its success: this shows it.
 
   python data_tools/episode_ends.py /work/runs/grpo            # every policy under seed<k>/eval/
@@ -18,12 +19,14 @@ from jaxagent.data.store import TrajectoryStore
 from jaxagent.pipeline import rollout
 from jaxagent.pipeline.seeds import seed_workdirs
 
-ENDS = ("success", "negative", "out_of_steps", "other")
+ENDS = ("success", "negative", "out_of_time", "out_of_steps", "other")
 
 
 def end_of(traj: types.Trajectory) -> str:
   if traj.success == 1.0:
     return "success"
+  if traj.steps and traj.steps[-1].info.get("reason") == "timed out":  # the page's clock, not the policy's answer
+    return "out_of_time"
   if traj.trajectory_reward < 0:
     return "negative"
   return "out_of_steps" if traj.status == "truncated" else "other"

@@ -10,15 +10,19 @@ mean steps, each episode's outcome (for pairing with another policy: `data_tools
     python -m jaxagent.evaluate --policy expert --suite bench:device/headline@2 --seeds 0,1,2 --out E
 
 `--policy`: a checkpoint directory (a recipe stage, a training workdir, an export, a HF directory, `smollm2`;
-a recipe-trained actor acts as its `agent.json` records: the format, its options, the parse rule),
+a recipe-trained actor acts as its `agent.json` records: the format, its options, the parse rule; a `--format`
+naming another format is refused),
 `expert` (the bundled sites' scripted expert) or `openai` (an OpenAI-compatible server: `--base-url`,
 `--model`, key from $OPENAI_API_KEY). `--suite`: `sites:PROFILE/SPLIT[/FAMILY,...]` (the bundled sites' tasks of
 one profile, split and template families, generated for each seed's world), `bench:PROFILE/SPLIT[@LEVEL][/FAMILY,...]`
 (the sites benchmark, `jaxagent/envs/sites/bench.py`: SPLIT may be `headline` or `control`, the negative
 control's held-out intents; every intent once by default, the success and the subgoal rubric per family beside the
-total), `miniwob:TASK,...` (MiniWoB++ tasks, one episode seed
-per draw), or `file:TASKS.jsonl` (each line once, under its own id, unless `--episodes` draws from them). Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
-own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes.
+total), `miniwob:TASK,...` (MiniWoB++ tasks on distinct held-out instances, each once: `--episodes` spread evenly
+over the tasks, global seed k taking the k-th block of each task's test seeds, so seed 0 plays the GRPO recipe's
+held-out instances; `miniwob_instances`), or `file:TASKS.jsonl` (each line once, under its own id, unless
+`--episodes` draws from them). Each seed draws `--episodes` episodes with its own seed (and, for the sites, its
+own world); episodes already in `OUT/seed<k>/episodes` are kept, so a killed run resumes. MiniWoB++ episodes end
+by the step limit, not the page's wall clock (`--page-clock` keeps it: `envs.miniwob`, "The clock").
 """
 
 from __future__ import annotations
@@ -73,8 +77,9 @@ class Suite:
       return cls("file", "", path=rest)
     raise ValueError(f"--suite {spec!r}: start with sites:, bench:, miniwob: or file:")
 
-  def tasks(self, seed: int) -> list[types.Task]:
-    """The suite's tasks for `seed` (for the sites, generated in world `seed`)."""
+  def tasks(self, seed: int, episodes: int = 0) -> list[types.Task]:
+    """The suite's tasks for `seed` (for the sites, generated in world `seed`; for MiniWoB++, enough held-out
+    instances for `episodes`: `miniwob_instances`)."""
     if self.kind == "sites":
       from jaxagent.envs import sites  # pylint: disable=g-import-not-at-top
       suites = sites.select(seed, self.profile, self.families)
@@ -85,20 +90,32 @@ class Suite:
       from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
       return bench.tasks_for(self.split, seed)
     if self.kind == "miniwob":
-      from jaxagent.envs import miniwob  # pylint: disable=g-import-not-at-top
-      return miniwob.suite(self.names, seeds=[seed])
+      return miniwob_instances(self.names, seed, episodes)
     from jaxagent.pipeline.tasks import read_tasks  # pylint: disable=g-import-not-at-top
     return read_tasks(self.path)
 
 
+def miniwob_instances(names: tuple[str, ...], seed: int, episodes: int) -> list[types.Task]:
+  """Each task on ⌈episodes / tasks⌉ distinct held-out instances (`envs.miniwob.split_seeds("test", ...)`, never a
+  training seed of the GRPO recipe), global seed k taking the k-th block of them, so seeds never share one."""
+  from jaxagent.envs import miniwob  # pylint: disable=g-import-not-at-top
+  if seed < 0:
+    raise ValueError(f"--seeds {seed}: MiniWoB++'s held-out instances are numbered from seed 0; give seeds >= 0")
+  per_task = max(1, -(-int(episodes) // len(names)))
+  seeds = miniwob.split_seeds("test", (seed + 1) * per_task)[seed * per_task:]
+  return miniwob.suite(names, seeds=seeds, split="test")
+
+
 def env_spec(suite: Suite, tasks: list[types.Task], fmt: str, expert: bool, base_url: str,
-             browser: str = "chromium") -> dict[str, Any]:
-  """The pool spec: MiniWoB, or the bundled sites at `base_url` (a server of the episodes' world), rendered by
-  `browser` (chromium | text: `pipeline.rollout.BROWSERS`)."""
+             browser: str = "chromium", page_clock: bool = False) -> dict[str, Any]:
+  """The pool spec: MiniWoB (the step limit ends an episode, or with `page_clock` the page's own limit too), or the
+  bundled sites at `base_url` (a server of the episodes' world), rendered by `browser` (chromium | text:
+  `pipeline.rollout.BROWSERS`)."""
   observation = OBSERVATION.get(fmt, "screenshot")
   profile = suite.profile or (tasks[0].profile if tasks else "web")
   if profile == "miniwob":
-    return {"kind": "miniwob", "observation": "som" if expert else observation}
+    return {"kind": "miniwob", "observation": "som" if expert else observation,
+            "episode_max_time_ms": None if page_clock else 0}
   from jaxagent.pipeline.rollout import BROWSERS  # pylint: disable=g-import-not-at-top
   if browser == "text" and observation != "html":
     raise ValueError(f"--browser text renders WebRL's simplified HTML only; format {fmt!r} observes {observation!r} "
@@ -126,13 +143,25 @@ def _file_world(tasks: list[types.Task]) -> int:
 
 
 def actor_format(args) -> str:
-  """The format a checkpoint directory's actor acts in (its `agent.json`), or "" when it records none."""
-  if args.policy in ("expert", "openai") or args.format or not os.path.isdir(args.policy):
+  """The format a checkpoint directory's actor acts in (its `agent.json`), or "" when it records none. A `--format`
+  naming another is refused: the actor would read prompts it was never trained on (the same name acts with the
+  recorded options, e.g. WebRL's compact HTML cut at 2,048 characters, not the format's defaults)."""
+  if args.policy in ("expert", "openai") or not os.path.isdir(args.policy):
     return ""
   from jaxagent.agents import spec  # pylint: disable=g-import-not-at-top
   from jaxagent.serving.checkpoint import workdir_of  # pylint: disable=g-import-not-at-top
-  recorded = spec.read(workdir_of(args.policy))
-  return recorded["format"] if recorded else ""
+  recorded = (spec.read(workdir_of(args.policy)) or {}).get("format") or ""
+  if recorded and args.format and args.format != recorded:
+    raise ValueError(f"--format {args.format}: {args.policy} was trained in format {recorded!r} with the options "
+                     f"its {spec.AGENT_FILE} records; drop --format (or give --format {recorded}) to act as trained")
+  return recorded
+
+
+def load_args(args, fmt: str) -> tuple[str | None, str | None]:
+  """(fmt, parse) for `pipeline.policy.load`: None and the actor's own rule where its `agent.json` records `fmt`
+  (its options and parse rule apply), else `fmt` with the original's parse rule (faithful)."""
+  recorded = actor_format(args) == fmt
+  return (None if recorded else fmt), args.parse or (None if recorded else "faithful")
 
 
 def make_policy(args, fmt: str, seed: int):
@@ -146,10 +175,9 @@ def make_policy(args, fmt: str, seed: int):
     return OpenAIPolicy({"base_url": args.base_url, "model": args.model, "agent_format": fmt,
                          "temperature": args.temperature, "max_tokens": args.max_tokens, "seed": seed})
   from jaxagent.pipeline.policy import load  # pylint: disable=g-import-not-at-top
-  recorded = actor_format(args) == fmt  # the actor's own agent.json, options and parse rule included
+  fmt_arg, parse = load_args(args, fmt)
   return load(args.policy, temperature=args.temperature, seed=seed, max_tokens=args.max_tokens,
-              max_batch=args.max_batch, fmt=None if recorded else fmt,
-              parse=args.parse or (None if recorded else "faithful"))
+              max_batch=args.max_batch, fmt=fmt_arg, parse=parse)
 
 
 def evaluate(args) -> dict:
@@ -168,7 +196,7 @@ def evaluate(args) -> dict:
       "train": {"progress_bar": True}, "eval": {"temperature": args.temperature, "seed": 0}})
   per_seed, per_episode, tables, all_trajs, by_family = {}, {}, {}, [], {}
   for seed in args.seeds:
-    tasks = suite.tasks(seed)
+    tasks = suite.tasks(seed, args.episodes)
     fmt = args.format or actor_format(args) or PROFILE_FORMAT.get(
         suite.profile or (tasks[0].profile if tasks else "web"), "webvoyager")
     if suite.kind == "file" and not args.episodes:  # a file of episodes (a recipe's test.jsonl) is played as is
@@ -181,7 +209,8 @@ def evaluate(args) -> dict:
     server = None if world is None else SiteServer(seed=world).start()
     judge = ProgrammaticJudge()
     try:
-      spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "", args.browser)
+      spec = env_spec(suite, tasks, fmt, args.policy == "expert", server.base_url if server else "", args.browser,
+                      args.page_clock)
       extra = (lambda name, p, trajs: {"by_family": family_table(trajs, judge)}) if suite.kind == "bench" else None
       seed_dir = os.path.join(args.out, f"seed{seed}")
       result = evaluate_actors(config, {"episodes": policy}, episodes, seed_dir, env_spec=spec, judge=judge,
@@ -204,7 +233,7 @@ def evaluate(args) -> dict:
         {s: list(r["episodes"]["outcomes"].values()) for s, r in per_episode.items()})
   results = {"policy": args.policy, "suite": args.suite, "format": args.format or actor_format(args) or
              "profile default", "temperature": args.temperature, "episodes_per_seed": args.episodes,
-             "browser": args.browser, "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
+             "browser": args.browser, **({"page_clock": True} if args.page_clock else {}), "seeds": {str(k): v for k, v in per_seed.items()}, "success_rate": headline,
              "per_task": {str(k): v for k, v in tables.items()},
              **({"by_family": {str(k): v for k, v in by_family.items()}} if by_family else {}),
              "outcomes": {str(s): r["episodes"]["outcomes"] for s, r in per_episode.items()}}
@@ -263,8 +292,8 @@ def main(argv=None) -> None:
                  "(default: each task once for bench: and file:, as the file's ids; 100 otherwise)")
   p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated global seeds (default 0)")
   p.add_argument("--out", required=True, help="output directory (stores, results.json, report.html)")
-  p.add_argument("--format", default="", help="agent format (default: a trained actor's own, from its agent.json; "
-                 f"otherwise by profile: {PROFILE_FORMAT})")
+  p.add_argument("--format", default="", help="agent format (default: a trained actor's own, from its agent.json, "
+                 f"with its options; another is refused; otherwise by profile: {PROFILE_FORMAT})")
   p.add_argument("--parse", default="", choices=("", "lenient", "faithful"),
                  help="how malformed replies parse (default: the actor's own rule, else faithful, the original's)")
   p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (compare at the same one)")
@@ -273,6 +302,9 @@ def main(argv=None) -> None:
   p.add_argument("--workers", type=int, default=2, help="browsers in the pool")
   p.add_argument("--browser", default="chromium", choices=("chromium", "text"),
                  help="what renders the bundled sites: Chromium, or the browser-free text backend (--format webrl)")
+  p.add_argument("--page-clock", action="store_true",
+                 help="MiniWoB++: keep each page's own wall-clock limit (7-30 s, then reward -1), which makes a "
+                 "reward depend on the machine's speed (default: the step limit alone ends an episode)")
   p.add_argument("--base-url", default="", help="--policy openai: the server (default $OPENAI_BASE_URL)")
   p.add_argument("--model", default="", help="--policy openai: the model name")
   args = p.parse_args(argv)
@@ -284,6 +316,13 @@ def main(argv=None) -> None:
     p.error(str(e))
   if not args.episodes and suite.kind not in ("bench", "file"):
     args.episodes = 100
+  try:
+    actor_format(args)  # a --format the actor was not trained in, before any work
+    if suite.kind == "miniwob":
+      for seed in args.seeds:
+        miniwob_instances(suite.names, seed, args.episodes)
+  except ValueError as e:
+    p.error(str(e))
   evaluate(args)
 
 

@@ -2,8 +2,10 @@
 
     python -m jaxagent.export --workdir W --stage il --out /tmp/il_hf [--step N]
 
-`--stage` is a training stage inside a recipe's workdir (`il`, `actor`, `critic`, ...: any directory under W
-holding `checkpoints/`; without it the command lists them). The output holds the weights and `config.json`
+`--stage` is a policy's training stage inside a recipe's workdir (`il`, `actor`, `grpo/actor`, ...: a directory
+under W holding `checkpoints/` and the `config.json` its model is built from; without it the command lists them).
+A critic's stage (heads on a backbone, checkpoints only) and an AutoUI actor (no `transformers` class) are not
+exported and not listed. The output holds the weights and `config.json`
 (`LlavaForConditionalGeneration` for a VLM, `LlamaForCausalLM` for a decoder), the tokenizer with its chat template,
 `generation_config.json` with the stop tokens the policy stops at, and for a VLM the processor
 (`preprocessor_config.json` for `LlavaImageProcessor`, `processor_config.json` for `LlavaProcessor`) that
@@ -27,12 +29,29 @@ from jaxagent.models.hf import idefics2
 from jaxagent.serving.checkpoint import LoadedModel, export_policy, load_policy
 
 
+def not_exportable(directory: str) -> str:
+  """Why the training directory `directory` cannot be exported ("" when it can): a policy's stage holds the
+  `config.json` its model is built from beside `checkpoints/`; a critic's has checkpoints only (`train.loop` on
+  heads), and AutoUI's T5 has no export (`serving.checkpoint.export_policy`)."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    return "no config.json beside its checkpoints/ (a critic or value head, not a policy)"
+  try:
+    with open(path, encoding="utf-8") as f:
+      kind = json.load(f).get("model", {}).get("kind")
+  except (json.JSONDecodeError, AttributeError):
+    return f"{path} is not a config's JSON object"
+  return "an AutoUI actor (config.model.kind=autoui), which has no transformers export" if kind == "autoui" else ""
+
+
 def stages(workdir: str) -> list[str]:
-  """The training stages under a recipe workdir: relative paths of the directories holding `checkpoints/`."""
+  """The policy stages under a recipe workdir that `export` can write: relative paths of the directories holding
+  `checkpoints/` that `not_exportable` passes."""
   found = []
   for root, dirs, _ in os.walk(workdir):
     if "checkpoints" in dirs:
-      found.append(os.path.relpath(root, workdir))
+      if not not_exportable(root):
+        found.append(os.path.relpath(root, workdir))
       dirs[:] = []  # a stage's own subdirectories are its checkpoints, not stages
   return sorted(found)
 
@@ -81,6 +100,10 @@ def export(workdir: str, out: str, *, stage: str = "", step: int | None = None) 
     found = stages(workdir) if os.path.isdir(workdir) else []
     raise FileNotFoundError(f"{source} is not a training stage (no checkpoints/ in it); stages under {workdir}: "
                             f"{', '.join(found) or 'none'} (pass one with --stage)")
+  why = not_exportable(source)
+  if why:
+    raise ValueError(f"{source} cannot be exported: {why}; stages under {workdir} that can: "
+                     f"{', '.join(stages(workdir)) or 'none'}")
   policy = load_policy(source, step=step)
   export_policy(policy, out, name=f"{os.path.basename(os.path.normpath(workdir))}/{stage}" if stage else "")
   with open(os.path.join(out, "generation_config.json"), "w", encoding="utf-8") as f:

@@ -24,3 +24,29 @@ def pytest_collection_modifyitems(config, items):
   slow = {module(item) for item in items if item.get_closest_marker("slow")}
   end_to_end = ("tests/launch/", "tests/recipes/")
   items.sort(key=lambda item: 2 if module(item) not in slow else 0 if module(item).startswith(end_to_end) else 1)
+
+
+import pytest  # noqa: E402  (after the environment above, before any test imports JAX)
+
+
+@pytest.fixture(scope="session")
+def smollm2_cut(tmp_path_factory):
+  """SmolLM2-135M-Instruct cut to its first two layers (embeddings, final norm, tokenizer and chat template kept):
+  a real pretrained decoder's shapes and tokenizer, in which the `:smollm` variants run end to end in a smoke's
+  time. Needs the checkpoint (`scripts/setup.sh test` fetches it)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  from jaxagent.models.hf import gguf  # pylint: disable=g-import-not-at-top
+  src, layers = gguf.smollm2_hf_dir(), 2
+  out = tmp_path_factory.mktemp("smollm2_cut")
+  for name in os.listdir(src):
+    if name not in ("model.safetensors", "config.json"):
+      shutil.copy(os.path.join(src, name), out / name)
+  with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  (out / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=layers), indent=2))
+  kept = {k: v for k, v in load_file(os.path.join(src, "model.safetensors")).items()
+          if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+  save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+  return str(out)

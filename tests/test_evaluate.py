@@ -1,6 +1,7 @@
 """The standalone evaluator: Wilson intervals against hand-computed values, suite parsing, and a real run of the
 scripted expert on the bundled sites over two seeds (two worlds), with its results.json and HTML report."""
 
+import argparse
 import json
 import os
 
@@ -104,3 +105,44 @@ def test_text_backend_refuses_formats_that_see_the_screen(tmp_path):
   with pytest.raises(ValueError, match="--browser text renders WebRL's simplified HTML only"):
     evaluate.main(["--policy", "expert", "--suite", "bench:web/test_iid@0/buy", "--format", "webvoyager",
                    "--browser", "text", "--out", str(tmp_path)])
+
+
+def test_miniwob_suite_plays_distinct_held_out_instances_each_once():
+  """Not the global seed's one training instance replayed: each seed plays distinct held-out instances (seed 0 the
+  GRPO recipe's test seeds), every one once, and seeds share none."""
+  from jaxagent.envs import miniwob  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.tasks import draw_episodes  # pylint: disable=g-import-not-at-top
+  suite = evaluate.Suite.parse("miniwob:click-button,click-link")
+  played = {}
+  for seed in (0, 1):
+    episodes = draw_episodes(suite.tasks(seed, 8), 8, seed, tag=f"eval{seed}.")
+    played[seed] = {(t.template, t.seed) for t in episodes}
+    assert len(played[seed]) == 8 and all(t.seed >= miniwob.TEST_SEED_BASE for t in episodes)
+  assert not played[0] & played[1]
+  recipe_test = miniwob.training_suite("test", 4, names=("click-button", "click-link"))
+  assert played[0] == {(t.template, t.seed) for t in recipe_test}
+  assert len(suite.tasks(0, 5)) == 6  # ⌈5 / 2⌉ instances a task, 5 of them drawn
+  spec = evaluate.env_spec(suite, [], "webrl", False, "")
+  assert spec["episode_max_time_ms"] == 0  # the step limit ends an episode, not the page's clock
+  assert evaluate.env_spec(suite, [], "webrl", False, "", page_clock=True)["episode_max_time_ms"] is None
+  with pytest.raises(SystemExit):
+    evaluate.main(["--policy", "expert", "--suite", "miniwob:click-button", "--seeds", "-1", "--out", "/nowhere"])
+
+
+def test_a_format_the_actor_was_not_trained_in_is_refused_and_its_own_keeps_its_options(tmp_path, capsys):
+  """A WebRL actor trained on compact HTML cut at 2,048 characters: `--format webvoyager` is refused naming both
+  formats, `--format webrl` acts with the recorded options (not the format's default, full HTML at 15,872)."""
+  from jaxagent.agents import spec  # pylint: disable=g-import-not-at-top
+  from jaxagent.agents.webrl import WebRL  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.policy import agent_format  # pylint: disable=g-import-not-at-top
+  actor = str(tmp_path / "actor")
+  os.makedirs(actor)
+  trained = WebRL(compact=True, max_prompt_chars=2048)
+  spec.write(actor, trained, None)
+  with pytest.raises(SystemExit):
+    evaluate.main(["--policy", actor, "--suite", "sites:web/test", "--format", "webvoyager", "--out", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert "--format webvoyager" in err and "'webrl'" in err
+  args = argparse.Namespace(policy=actor, format="webrl", parse="")
+  fmt = agent_format(actor, *evaluate.load_args(args, "webrl"))
+  assert fmt.options() == trained.options() and fmt.options()["max_prompt_chars"] == 2048

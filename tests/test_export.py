@@ -1,6 +1,7 @@
 """`python -m jaxagent.export`: a recipe stage's policy as a directory that `transformers` loads with
 `AutoProcessor` / `AutoTokenizer` and runs with `generate()` unchanged, giving our engine's greedy tokens."""
 
+import json
 import os
 
 import jax
@@ -18,8 +19,6 @@ from jaxagent.serving.engine import Engine, GenerationRequest
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.optim import make_optimizer
 from jaxagent.train.state import create_train_state
-
-pytestmark = pytest.mark.slow  # the module trains a recipe to export
 
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Open the shop."}]}]
 
@@ -50,12 +49,14 @@ def recipe_workdir(tmp_path_factory):
   return str(root)
 
 
+@pytest.mark.slow  # trains a stage to export
 def test_lists_the_stages_and_refuses_a_missing_one(recipe_workdir, tmp_path):
   assert export.stages(recipe_workdir) == ["il", os.path.join("online", "0", "actor")]
   with pytest.raises(FileNotFoundError, match="stages under .*: il, online/0/actor"):
     export.export(recipe_workdir, str(tmp_path / "out"), stage="critic")
 
 
+@pytest.mark.slow  # trains a stage to export
 def test_vlm_export_runs_in_transformers_as_our_engine_does(recipe_workdir, tmp_path):
   out = export.export(recipe_workdir, str(tmp_path / "vlm"), stage="il")
   image = (np.random.RandomState(0).rand(60, 40, 3) * 255).astype(np.uint8)  # not square: padding matters
@@ -80,6 +81,7 @@ def test_vlm_export_runs_in_transformers_as_our_engine_does(recipe_workdir, tmp_
              else [model.generation_config.eos_token_id]) == set(policy.eos_ids)
 
 
+@pytest.mark.slow  # trains a stage to export
 def test_decoder_export_runs_in_transformers_as_our_engine_does(recipe_workdir, tmp_path):
   out = export.export(recipe_workdir, str(tmp_path / "text"), stage=os.path.join("online", "0", "actor"))
   policy = checkpoint.load_policy(out)
@@ -111,6 +113,7 @@ def _tiny_qwen(path):
   return path
 
 
+@pytest.mark.slow  # trains a stage to export
 def test_a_qwen2_5_vl_stage_exports_and_loads_back_with_its_image_processor(tmp_path):
   hf_dir = _tiny_qwen(str(tmp_path / "hf"))
   _stage(str(tmp_path / "recipe" / "il"), "", hf_checkpoint=hf_dir)
@@ -125,3 +128,17 @@ def test_a_qwen2_5_vl_stage_exports_and_loads_back_with_its_image_processor(tmp_
   hf_pixels = transformers.AutoImageProcessor.from_pretrained(out)(images=[image], return_tensors="np")
   np.testing.assert_array_equal(hf_pixels["image_grid_thw"], [policy.preprocess.grid])
   np.testing.assert_allclose(hf_pixels["pixel_values"], policy.preprocess([image])[0], atol=1e-5)
+
+
+def test_only_policy_stages_are_listed_and_a_critic_is_refused_with_its_reason(tmp_path):
+  """A critic's directory (checkpoints only) and an AutoUI actor's are training stages `export` cannot write:
+  neither is listed, and asking for one names why."""
+  for stage, kind in (("il", "vlm"), ("critic", None), ("critics/step_critic", None), ("autoui_actor", "autoui")):
+    os.makedirs(tmp_path / stage / "checkpoints" / "1")
+    if kind:
+      (tmp_path / stage / "config.json").write_text(json.dumps({"model": {"kind": kind}}))
+  assert export.stages(str(tmp_path)) == ["il"]
+  with pytest.raises(ValueError, match="critic or value head.*that can: il"):
+    export.export(str(tmp_path), str(tmp_path / "out"), stage="critic")
+  with pytest.raises(ValueError, match="AutoUI"):
+    export.export(str(tmp_path), str(tmp_path / "out"), stage="autoui_actor")

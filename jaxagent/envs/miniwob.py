@@ -15,6 +15,12 @@ have no labels, and OpenWebVoyager's tree drops unnamed nodes.
 Rewards: `reward="raw"` (default) gives the task's reward without MiniWoB's time discount, so success is 1.0;
 `reward="time_scaled"` gives the package's default (`WOB_REWARD_GLOBAL`). Both are in `info`.
 
+The clock: each page ends its episode with −1 ("timed out") after its own `core.EPISODE_MAX_TIME` (7-30 s of wall
+time), which makes a reward depend on how fast the machine and the model are (a compile, a loaded CPU, a bigger
+model). By default (`episode_max_time_ms=0`) that timer is pushed out of reach, so only the rollout's step limit
+ends an episode that the page does not end itself; `episode_max_time_ms=None` keeps the page's own limit (the
+`miniwob` package's behaviour, and what `reward="time_scaled"` discounts by), a positive value sets one.
+
 Episodes: by default the page is loaded once per task name and each `reset` restarts the episode in place
 (MiniWoB's own design) and reloaded in a fresh context every `reload_every` episodes (like the package's
 `refresh_freq`, against slow leaks); `fresh_context=True` opens a fresh context and reloads every episode.
@@ -172,6 +178,8 @@ HEADLINE_TASKS: tuple[str, ...] = tuple(t for t in TRAINING_TASKS if t not in (
     "identify-shape"))
 
 TEST_SEED_BASE = 1_000_000
+# The longest delay `setTimeout` keeps (~24.8 days; a longer one overflows and fires at once): "no clock".
+NO_CLOCK_MS = 2**31 - 1
 
 
 def split_seeds(split: str, n: int) -> range:
@@ -189,8 +197,8 @@ def training_suite(split: str, seeds_per_task: int, names: Iterable[str] = TRAIN
                    max_steps: int = 6) -> list[Task]:
   """`seeds_per_task` seeded episodes of each task in `names` from the split's seeds (`split_seeds`).
 
-  Run them in `MiniWoBEnv(observation="html")` (WebRL's ids). The pages end an episode with reward -1 after
-  10-20 s of wall time; a policy whose steps take seconds wants `episode_max_time_ms` raised."""
+  Run them in `MiniWoBEnv(observation="html")` (WebRL's ids); the step limit `max_steps`, not the page's clock,
+  ends an episode the page does not end (`MiniWoBEnv.episode_max_time_ms`)."""
   return suite(names, seeds=split_seeds(split, seeds_per_task), max_steps=max_steps, split=split)
 
 
@@ -198,13 +206,23 @@ def training_suite(split: str, seeds_per_task: int, names: Iterable[str] = TRAIN
 
 
 class MiniWoBEnv(BrowserEnv):
-  """`BrowserEnv` on MiniWoB++ pages; reward and done come from the page's JavaScript."""
+  """`BrowserEnv` on MiniWoB++ pages; reward and done come from the page's JavaScript.
+
+  `episode_max_time_ms`: 0 (default) no wall-clock limit, the step limit ends an episode; None the page's own
+  (`core.EPISODE_MAX_TIME`); > 0 that many ms (module docstring, "The clock")."""
 
   def __init__(self, observation: str = "som", reward: str = "raw", fresh_context: bool = False,
-               reload_every: int = 200, data_mode: str = "train", episode_max_time_ms: int | None = None,
+               reload_every: int = 200, data_mode: str = "train", episode_max_time_ms: int | None = 0,
                **kwargs: Any):
     if reward not in ("raw", "time_scaled"):
       raise ValueError(f"reward={reward!r}; use 'raw' (success = 1.0) or 'time_scaled' (MiniWoB's default)")
+    if episode_max_time_ms is not None and (isinstance(episode_max_time_ms, bool) or
+                                            not 0 <= int(episode_max_time_ms) <= NO_CLOCK_MS):
+      raise ValueError(f"episode_max_time_ms={episode_max_time_ms!r}: 0 (no clock), None (the page's own) or a "
+                       f"limit in ms up to {NO_CLOCK_MS}")
+    if reward == "time_scaled" and episode_max_time_ms == 0:
+      raise ValueError("reward='time_scaled' discounts by the page's clock, which episode_max_time_ms=0 turns off; "
+                       "pass episode_max_time_ms=None (the page's own limit) or a limit in ms")
     kwargs.setdefault("idle_timeout_ms", 0)
     super().__init__(profile=MINIWOB_PROFILE, observation=observation, fresh_context=fresh_context, **kwargs)
     self.reward = reward
@@ -250,9 +268,10 @@ class MiniWoBEnv(BrowserEnv):
         """([seed, mode, maxTime]) => {
              Math.seedrandom(seed);
              core.setDataMode(mode);
-             if (maxTime !== null) core.EPISODE_MAX_TIME = maxTime;
+             if (core.PAGE_MAX_TIME === undefined) core.PAGE_MAX_TIME = core.EPISODE_MAX_TIME;  // the page's own
+             core.EPISODE_MAX_TIME = maxTime === null ? core.PAGE_MAX_TIME : maxTime;
              core.startEpisodeReal();
-           }""", [task.seed, self.data_mode, self.episode_max_time_ms])
+           }""", [task.seed, self.data_mode, self._max_time_ms()])
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while not self._page.evaluate("() => WOB_TASK_READY"):
       if time.monotonic() > deadline:
@@ -268,6 +287,12 @@ class MiniWoBEnv(BrowserEnv):
         self._page_crashed = True  # the next reset reloads the page
         raise RuntimeError(f"MiniWoB task {task.meta['miniwob_task']!r} started with an empty utterance")
       time.sleep(0.02)
+
+  def _max_time_ms(self) -> int | None:
+    """What the page's `core.EPISODE_MAX_TIME` is set to (None: left as the page sets it)."""
+    if self.episode_max_time_ms is None:
+      return None
+    return int(self.episode_max_time_ms) or NO_CLOCK_MS
 
   def _intent(self) -> str:
     return self._utterance

@@ -86,7 +86,8 @@ def make_judge(config: dict[str, Any] | Any) -> Judge:
 
 class RewardJudge:
   """The environment's own reward as the verdict: success when the episode's last reward reaches `success_at`
-  (MiniWoB++'s raw reward is 1 on success, −1 on a wrong answer, 0 when the episode timed out)."""
+  (MiniWoB++'s raw reward is 1 on success, −1 on a wrong answer, 0 when the episode ran out of steps; −1 too when
+  the page's own clock, if kept, ran out: `envs.miniwob`, "The clock")."""
 
   def __init__(self, success_at: float = 1.0):
     self.success_at = float(success_at)

@@ -78,7 +78,7 @@ def stage_il(config, workdir, out):
   """The solvers' demonstrations on train episodes → the IL start, trained on their successful episodes' steps."""
   from jaxagent.envs.miniwob_solvers import MiniWoBExpert  # pylint: disable=g-import-not-at-top
   tasks = draw_episodes(suite(workdir, "train"), int(config.demos.episodes), int(config.seed), "demo")
-  trajs = device.rollout(config, env_spec(), MiniWoBExpert("webrl", **format_options(config)), tasks,
+  trajs = device.rollout(config, env_spec(config), MiniWoBExpert("webrl", **format_options(config)), tasks,
                          os.path.join(out, "demos"), "miniwob_solver:webrl", gamma=1.0, judge=RewardJudge())
   items = conversation.step_samples([t for t in trajs if t.success == 1.0])
   if not items:
@@ -113,7 +113,7 @@ def stage_grpo(config, workdir, out):
     return trajs, time.monotonic() - t0
 
   try:
-    with Rollouts(env_spec(), config.env, bool(config.train.progress_bar)) as pool, AsyncCollector(
+    with Rollouts(env_spec(config), config.env, bool(config.train.progress_bar)) as pool, AsyncCollector(
         collect, int(g.rounds), lag, done=lambda i: i < done_rounds) as collector:
       for version in range(max(0, done_rounds - lag), done_rounds + 1):  # a resumed run has its last weights only
         collector.publish(version, learner.weights())
@@ -146,7 +146,7 @@ def stage_eval(config, workdir, out):
   """The IL start and the GRPO actor on every held-out test episode (once each), same episodes, same temperature."""
   actors = {"il": os.path.join(workdir, "il"), "grpo": os.path.join(workdir, "grpo", "actor")}
   tasks = suite(workdir, "test")
-  results = evaluate_actors(config, actors, tasks, out, env_spec=env_spec(), judge=RewardJudge())
+  results = evaluate_actors(config, actors, tasks, out, env_spec=env_spec(config), judge=RewardJudge())
   write_results(os.path.join(workdir, "results.json"), results)
   return results
 
@@ -158,9 +158,12 @@ def task_names(config) -> list[str]:
   return names(config.tasks.names) or list(miniwob.HEADLINE_TASKS)
 
 
-def env_spec() -> dict:
-  """MiniWoB++ pages in Chromium, observed as WebRL's simplified HTML (reward: the task's raw reward)."""
-  return {"kind": "miniwob", "observation": "html"}
+def env_spec(config) -> dict:
+  """MiniWoB++ pages in Chromium, observed as WebRL's simplified HTML (reward: the task's raw reward). The step
+  limit `tasks.max_steps` ends an episode the page does not end; `tasks.page_clock` adds each page's own wall-clock
+  limit (−1 "timed out"), under which a reward depends on the machine's speed (`envs.miniwob`, "The clock")."""
+  return {"kind": "miniwob", "observation": "html",
+          "episode_max_time_ms": None if config.tasks.page_clock else 0}
 
 
 def format_options(config) -> dict:
@@ -174,6 +177,9 @@ def agent_format(config) -> WebRL:
 def check_config(config) -> None:
   from jaxagent.pipeline.config import ConfigError  # pylint: disable=g-import-not-at-top
   g = config.grpo
+  if not isinstance(config.tasks.page_clock, bool):
+    raise ConfigError(f"config.tasks.page_clock={config.tasks.page_clock!r}: True or False; set "
+                      "--config.tasks.page_clock=false (the step limit alone ends an episode)")
   if int(g.group_size) < 2:
     raise ConfigError(f"config.grpo.group_size={g.group_size}: a group needs at least 2 rollouts to compare")
   if float(g.temperature) <= 0:

@@ -472,23 +472,28 @@ def aggregate_tokens(x: jax.Array, mask: jax.Array, agg: str = "token_mean", nor
 
   token_mean:              Σ_bt m x / Σ_bt m (DAPO, Yu et al. 2025, arXiv:2503.14476 Eq. 12; verl's default).
   seq_mean_token_mean:     mean_b (Σ_t m x / Σ_t m) (GRPO as published, Eq. 3: long replies weigh less per token).
-  seq_mean_token_sum_norm: mean_b (Σ_t m x) / `norm_len` (Dr. GRPO: a constant in place of each length; the
-                           padded length T by default).
+  seq_mean_token_sum_norm: mean_b (Σ_t m x) / `norm_len` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783: a constant
+                           in place of each length, the generation budget: oat's `masked_sum(...,
+                           constant_normalizer=generate_max_length)`; required, since verl's fallback, the padded
+                           length T, changes with every batch's longest sequence).
   """
   _check_choice("agg", agg, ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+  if agg == "seq_mean_token_sum_norm" and not (norm_len and norm_len > 0):
+    raise ValueError(f"agg='seq_mean_token_sum_norm' divides by a fixed generation budget; norm_len={norm_len!r} "
+                     "must be > 0 (the sampler's max_tokens)")
   mask = jnp.asarray(mask, jnp.float32)
   per_seq = _masked_sum(x, mask)
   if agg == "token_mean":
     return jnp.sum(per_seq) / jnp.maximum(jnp.sum(mask), 1.0)
   if agg == "seq_mean_token_mean":
     return jnp.mean(per_seq / jnp.maximum(jnp.sum(mask, -1), 1.0))
-  return jnp.mean(per_seq) / float(mask.shape[-1] if norm_len is None else norm_len)
+  return jnp.mean(per_seq) / float(norm_len)
 
 
 def ppo_clip_loss(logp_tok: jax.Array, old_logp_tok: jax.Array, adv: jax.Array, mask: jax.Array,
                   clip_low: float = 0.2, clip_high: float = 0.2, behaviour_logp_tok: jax.Array | None = None,
                   behaviour_weight_cap: float | None = None, agg: str = "token_mean",
-                  ref_logp_tok: jax.Array | None = None, kl_coef: float = 0.0
+                  ref_logp_tok: jax.Array | None = None, kl_coef: float = 0.0, norm_len: float | None = None
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The clipped surrogate on sequences' tokens, the policy loss of GRPO, Dr. GRPO and GiGPO:
 
@@ -501,7 +506,7 @@ def ppo_clip_loss(logp_tok: jax.Array, old_logp_tok: jax.Array, adv: jax.Array, 
   `behaviour_logp_tok` is given: the rollout was sampled by a lagged policy π_behav, `old_logp_tok` is the proximal
   policy (the weights at the start of this update), and each token carries w_t = π_prox / π_behav (no gradient),
   capped at `behaviour_weight_cap` (tokens above it are dropped, as AReaL's `behav_imp_weight_cap`). Without it,
-  w_t = 1 and π_old is the sampler's. Returns (loss, diagnostics).
+  w_t = 1 and π_old is the sampler's. `agg` and `norm_len`: `aggregate_tokens`. Returns (loss, diagnostics).
   """
   logp = jnp.asarray(logp_tok, jnp.float32)
   old = _sg(jnp.asarray(old_logp_tok, jnp.float32))
@@ -516,7 +521,7 @@ def ppo_clip_loss(logp_tok: jax.Array, old_logp_tok: jax.Array, adv: jax.Array, 
       mask = mask * (w <= behaviour_weight_cap)
     per_tok = per_tok * w
   kl = jnp.zeros_like(logp) if ref_logp_tok is None else k3_kl(logp, _sg(jnp.asarray(ref_logp_tok, jnp.float32)))
-  loss = aggregate_tokens(per_tok + kl_coef * kl, mask, agg)
+  loss = aggregate_tokens(per_tok + kl_coef * kl, mask, agg, norm_len)
   m = jnp.maximum(jnp.sum(mask), 1.0)
   aux = {"clip_fraction": _masked_sum(((ratio * a) > (clipped * a)).astype(jnp.float32), mask).sum() / m,
          "ratio_mean": _masked_sum(ratio, mask).sum() / m,

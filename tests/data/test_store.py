@@ -1,4 +1,4 @@
-"""TrajectoryStore: lossless round trip, filters, crash safety (SIGKILLed writers), and the Grain sources."""
+"""TrajectoryStore: lossless round trip, filters, crash safety (SIGKILLed writers)."""
 
 import json
 import os
@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 from jaxagent import types
-from jaxagent.data import sources
 from jaxagent.data import store as store_lib
 
 
@@ -129,39 +128,3 @@ def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
   store.append(_traj(0, n_steps=1))
   assert len(store_lib.TrajectoryStore(root)) == len(ids) + 1
 
-
-def test_step_source_shuffles_deterministically_and_resumes_mid_epoch(tmp_path):
-  import grain  # pylint: disable=g-import-not-at-top  # here, so the SIGKILLed writers start fast
-  store = store_lib.TrajectoryStore(tmp_path)
-  for i, success in enumerate([1.0, 0.0, 1.0, 1.0]):
-    store.append(_traj(i, n_steps=3, success=success))
-  src = sources.StepSource(tmp_path, success=True, with_images=True)
-  assert len(src) == 9
-  rec = src[4]
-  assert (rec["task"].id, rec["step_index"], len(rec["history"])) == ("task-2", 1, 1)
-  np.testing.assert_array_equal(rec["image"], _shot(201))
-  np.testing.assert_array_equal(rec["next_image"], _shot(202))
-
-  def key(r):
-    return (r["task"].id, r["step_index"])
-
-  ds = grain.MapDataset.source(src).shuffle(seed=7).map(key)
-  order = list(ds.to_iter_dataset())
-  assert order == list(grain.MapDataset.source(src).shuffle(seed=7).map(key).to_iter_dataset())
-  assert sorted(order) == sorted(key(src[i]) for i in range(len(src))) and order != sorted(order)
-  it = iter(ds.to_iter_dataset())
-  head = [next(it) for _ in range(4)]
-  state = it.get_state()
-  store.append(_traj(9, n_steps=3, success=1.0))  # a collector appends meanwhile: the source is frozen
-  resumed = iter(grain.MapDataset.source(src).shuffle(seed=7).map(key).to_iter_dataset())
-  resumed.set_state(state)
-  assert head + list(resumed) == order
-
-
-def test_trajectory_source_is_picklable_for_grain_workers(tmp_path):
-  import pickle  # pylint: disable=g-import-not-at-top
-  store = store_lib.TrajectoryStore(tmp_path)
-  for i in range(3):
-    store.append(_traj(i, n_steps=1, success=float(i % 2)))
-  src = pickle.loads(pickle.dumps(sources.TrajectorySource(store, success=False)))
-  assert [src[i].task.id for i in range(len(src))] == ["task-0", "task-2"]

@@ -112,14 +112,38 @@ def test_seeds_reproduce_episodes_in_place_and_after_reload(env):
 
 
 def test_a11y_ids_on_miniwob_and_time_scaled_reward(env):
-  env.observation, env.reward = "a11y", "time_scaled"
+  env.observation, env.reward, env.episode_max_time_ms = "a11y", "time_scaled", None  # the discount's clock
   try:
     obs = env.reset(miniwob.make_task("click-button", seed=3))
     node = next(i for i, n in obs.a11y_nodes.items() if n["role"] == "button" and n["name"] == _target(obs))
     _, reward, done, info = env.step(Action(ActionKind.CLICK, element=node))
     assert done and 0 < reward < 1.0 and reward == info["env_reward"]
   finally:
-    env.observation, env.reward = "som", "raw"
+    env.observation, env.reward, env.episode_max_time_ms = "som", "raw", 0
+  with pytest.raises(ValueError, match="episode_max_time_ms"):
+    miniwob.MiniWoBEnv(reward="time_scaled")  # a discount by a clock that is off
+
+
+def test_the_step_limit_not_the_pages_clock_ends_an_episode_unless_the_clock_is_asked_for():
+  """A minute of page time (Playwright's fake clock: a slow machine, a compile, a big model) leaves the episode
+  running by default; with the page's own limit (`episode_max_time_ms=None`, 10 s here) it ends with −1."""
+  e = miniwob.MiniWoBEnv(observation="html")
+  try:
+    task = miniwob.make_task("click-button", seed=3)
+    e.reset(task)
+    e._page.clock.install()  # the timers of every episode started from here on are the fake clock's
+    for max_time, ends in ((0, False), (None, True), (0, False), (500, True)):
+      e.episode_max_time_ms = max_time
+      e.reset(task)
+      e._page.clock.run_for(60_000)
+      reward, done, info = e._reward_done()
+      assert done == ends, max_time
+      assert (reward, info["reason"]) == ((-1.0, "timed out") if ends else (0.0, None)), max_time
+  finally:
+    e.close()
+  for bad in (-1, True, 2**31):
+    with pytest.raises(ValueError, match="episode_max_time_ms"):
+      miniwob.MiniWoBEnv(episode_max_time_ms=bad)
 
 
 def test_flight_task_loads_in_its_iframe_wrapper(env):

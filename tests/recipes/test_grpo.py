@@ -86,6 +86,15 @@ def test_a_run_killed_after_round_one_resumes_from_its_checkpoint(pipeline):
   assert store() == before  # round 2's stored episodes were replayed, not run again
 
 
+def test_episodes_end_by_the_step_limit_unless_the_page_clock_is_asked_for():
+  """The recipe's demonstrations, rounds and evaluation run MiniWoB++ without the page's wall-clock limit, so a
+  reward does not depend on the machine's speed (`tests/envs/test_miniwob.py` plays both)."""
+  config = grpo_config.get_config("smoke")
+  assert grpo.env_spec(config)["episode_max_time_ms"] == 0
+  config.tasks.page_clock = True
+  assert grpo.env_spec(config)["episode_max_time_ms"] is None  # each page's own limit
+
+
 def test_config_is_refused_before_any_work():
   config = grpo_config.get_config("smoke")
   config.grpo.group_size = 1
@@ -116,3 +125,24 @@ def test_lagged_rounds_are_collected_while_the_learner_trains(pipeline, tmp_path
     log = json.load(f)
   assert [m["round"] for m in log] == [1, 2, 3]
   assert log[1]["wait_s"] < log[1]["collect_s"], log[1]
+
+
+@pytest.mark.slow
+def test_the_smollm_variant_runs_end_to_end_on_a_two_layer_cut(smollm2_cut, tmp_path):
+  """`configs/grpo.py:smollm` (the checkpoint's own tokenizer and chat template, LoRA rank 8) with SmolLM2 cut to
+  two layers and a smoke's budget: solvers' IL, a GRPO round in Chromium, the evaluation of both actors."""
+  config = grpo_config.get_config("smollm")
+  config.model.hf_checkpoint = smollm2_cut
+  config.tasks.update(names="click-button", train_seeds=2, test_seeds=1, max_steps=2)
+  config.env.workers = 2
+  config.sampling.max_tokens = 16
+  config.demos.episodes = 2
+  config.il.train.update(steps=2, batch_size=2)
+  config.grpo.update(rounds=1, tasks_per_round=1, group_size=2, epochs=1)
+  config.grpo.train.batch_size = 2
+  config.train.progress_bar = False
+  grpo.check_config(config)
+  results = grpo.run(config, str(tmp_path))
+  assert set(results) == {"il", "grpo"} and all(r["episodes"] == 1 for r in results.values())
+  actor = load(str(tmp_path / "grpo" / "actor"), temperature=0.0)
+  assert actor.loaded.tokenizer.chat_template and actor.loaded.model.config.num_layers == 2

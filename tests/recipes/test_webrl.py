@@ -286,3 +286,25 @@ def test_the_bench_prompt_shows_every_element_the_expert_acts_on():
   assert total["shown"] == total["element_steps"] > 0 and total["intents_every_element_shown"] == total["intents"]
   config.prompt_chars = webrl_config.get_config().prompt_chars
   assert observability.measure(config)["total"]["shown"] < total["element_steps"]
+
+
+@pytest.mark.slow
+def test_the_smollm_variant_runs_end_to_end_on_a_two_layer_cut(smollm2_cut, tmp_path):
+  """`configs/webrl.py:smollm` (SmolLM2's tokenizer and chat template for the policy, ORM and critic trunk) with
+  SmolLM2 cut to two layers and a smoke's budget: SFT, ORM, one phase of curriculum → critic → actor, evaluation."""
+  config = webrl_config.get_config("smollm")
+  config.model.hf_checkpoint = smollm2_cut
+  config.env.workers = 2
+  config.sampling.max_tokens = 16
+  config.demos.episodes = 2
+  for block in (config.sft, config.orm, config.critic, config.actor):
+    block.train.update(steps=1, batch_size=2)
+  config.orm.update(episodes=2, near_misses=1)
+  config.phases = 1
+  config.curriculum.tasks = 2
+  config.eval.episodes = 1
+  config.train.progress_bar = False
+  validate(config, webrl.CHOICES, getattr(webrl, "LISTS", {}))
+  results = webrl.run(config, str(tmp_path))
+  assert {"sft", "phase1"} <= set(results) and all(r["episodes"] == 1 for r in results.values()
+                                                   if isinstance(r, dict) and "episodes" in r)

@@ -57,8 +57,11 @@ def test_token_aggregations_by_hand():
   m = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0]])
   assert float(L.aggregate_tokens(x, m, "token_mean")) == pytest.approx(10 / 4)
   assert float(L.aggregate_tokens(x, m, "seq_mean_token_mean")) == pytest.approx((2 + 4) / 2)
-  assert float(L.aggregate_tokens(x, m, "seq_mean_token_sum_norm")) == pytest.approx((6 + 4) / 2 / 4)
   assert float(L.aggregate_tokens(x, m, "seq_mean_token_sum_norm", norm_len=10)) == pytest.approx(0.5)
+  padded = jnp.pad(x, ((0, 0), (0, 60))), jnp.pad(m, ((0, 0), (0, 60)))  # the same rows in a longer batch
+  assert float(L.aggregate_tokens(*padded, "seq_mean_token_sum_norm", norm_len=10)) == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="norm_len"):  # Dr. GRPO's constant, never the batch's padded length
+    L.aggregate_tokens(x, m, "seq_mean_token_sum_norm")
 
 
 def test_ppo_clip_by_hand_and_its_gradient_vanishes_where_clipped():

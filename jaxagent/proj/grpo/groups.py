@@ -7,7 +7,7 @@ step-level term over the steps of the group that act on the same state (`rl.loss
 anchor is the step's prompt text, the observation as the policy read it).
 
 The rewards a group compares (`REWARDS`): `env`, the environment's own (MiniWoB++: +1 success, a partial or
-negative reward for a wrong end, 0 for a time-out), or `success`, the judge's outcome (1 or 0) at the episode's
+negative reward for a wrong end, 0 for running out of steps), or `success`, the judge's outcome (1 or 0) at the episode's
 last step: the binary outcome reward of WebRL, DigiRL and verl-agent, under which running out the step budget is
 no better than a wrong end.
 """

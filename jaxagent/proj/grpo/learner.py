@@ -3,7 +3,9 @@
 Every sample is one step of a rollout as it was sampled (token in, token out: `Step.prompt_ids`, `reply_ids` and
 the behaviour log-probs `reply_logprobs`), with its group-relative advantage; nothing is re-tokenised. The loss is
 `rl.losses.ppo_clip_loss` on log π_θ at the rollout temperature, with the k3 KL to the reference policy (the start
-of the run, scored once per round before any update) when `kl_coef` > 0. A round's rollouts sampled by weights
+of the run, scored once per round before any update) when `kl_coef` > 0; Dr. GRPO's aggregation divides by the
+generation budget `sampling.max_tokens`, the same every round. A round trains at its longest step's length (the
+sampler takes any prompt the model's context holds), so no step sampled is refused after its rollouts. A round's rollouts sampled by weights
 older than the learner's (`max_lag` > 0) train with decoupled PPO: the proximal policy (the weights at the round's
 first update) is scored and the behaviour log-probs weight each token.
 
@@ -61,8 +63,8 @@ def token_batch(rows: Sequence[dict], length: int, pad_id: int) -> dict[str, np.
     prompt, reply = list(row["prompt_ids"]), list(row["reply_ids"])
     tokens = prompt + reply
     if len(tokens) - 1 > length:
-      raise ValueError(f"a step has {len(tokens) - 1} tokens but data.seq_len allows {length}; raise "
-                       "--config.data.seq_len or lower sampling.max_tokens")
+      raise ValueError(f"a step has {len(tokens) - 1} tokens but the batch holds {length}; give a length of at "
+                       "least the longest step's")
     n, p = len(tokens) - 1, len(prompt)
     out["input_ids"][r, :n] = tokens[:-1]
     out["attention_mask"][r, :n] = True
@@ -111,11 +113,11 @@ class Learner:
         shutil.copytree(os.path.join(init_from, "tokenizer"), tok_dir)
       write_text(os.path.join(workdir, "config.json"), stage_config.to_json_best_effort(indent=2))
     distributed.barrier(f"grpo learner: {workdir} written")
-    tokenizer = load_tokenizer(tok_dir)
+    tokenizer = load_tokenizer(tok_dir, require_image_token=str(stage_config.model.kind) == "vlm")  # SmolLM2's: none
     if distributed.is_main():
       agent_spec.write(workdir, fmt, getattr(tokenizer, "chat_template", None))
     self.pad_id = int(tokenizer.pad_token_id or 0)
-    self.seq_len = int(stage_config.data.seq_len)
+    self.norm_len = int(config.sampling.max_tokens)  # Dr. GRPO's constant: the generation budget
     self.minibatch = int(stage_config.train.batch_size)
     process_rows(np.arange(self.minibatch), 0, jax.process_count())  # refused before the round's rollouts
     built = models.build(stage_config, tokenizer)
@@ -156,7 +158,8 @@ class Learner:
         batch["loss_mask"], float(self.cfg.clip_low), float(self.cfg.clip_high),
         behaviour_logp_tok=batch["behaviour_logp"] if decoupled else None,
         behaviour_weight_cap=float(self.cfg.behaviour_weight_cap) if decoupled else None,
-        agg=str(self.cfg.loss_agg), ref_logp_tok=batch.get("ref_logp"), kl_coef=float(self.cfg.kl_coef))
+        agg=str(self.cfg.loss_agg), ref_logp_tok=batch.get("ref_logp"), kl_coef=float(self.cfg.kl_coef),
+        norm_len=self.norm_len)
     return loss, aux
 
   def update(self, rows: list[dict], lagged: bool, seed: int) -> dict:
@@ -174,9 +177,7 @@ class Learner:
       n = math.ceil(len(order) / size) * size
       order = np.resize(order, n)
       batches += [order[i:i + size] for i in range(0, n, size)]
-    length = _bucket(max(len(r["prompt_ids"]) + len(r["reply_ids"]) - 1 for r in rows))
-    if length > self.seq_len:
-      length = self.seq_len
+    length = _bucket(max(len(r["prompt_ids"]) + len(r["reply_ids"]) - 1 for r in rows))  # the longest step
     arrays = token_batch(rows, length, self.pad_id)
     model = self.ts.model()
     if self.reference is not None:

@@ -223,3 +223,50 @@ def test_the_owv_paper_variant_refuses_a_checkpoint_of_another_family(owv_dir, t
   config.model.hf_checkpoint = str(tmp_path)
   with pytest.raises(ValueError, match="hf_family='idefics2'"):
     models.build(config, load_tokenizer(str(owv_dir)))
+
+
+@pytest.mark.slow
+def test_a_stage_fine_tuned_from_idefics2_serves_the_greedy_reply_of_our_engine(owv_dir, tmp_path):
+  """The claim of docs/models.md: an idefics2 checkpoint trains (`finetune` from `model.hf_checkpoint`, its
+  loss finite), and the trained stage serves (`jaxagent.serve`'s chat endpoint with an inline image) the reply the
+  engine gives the same messages."""
+  import base64  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import httpx  # pylint: disable=g-import-not-at-top
+  from configs import il as il_config  # pylint: disable=g-import-not-at-top
+  from jaxagent import serve  # pylint: disable=g-import-not-at-top
+  from jaxagent.pipeline.finetune import finetune  # pylint: disable=g-import-not-at-top
+  from jaxagent.serving.engine import GenerationRequest  # pylint: disable=g-import-not-at-top
+  config = il_config.get_config("smoke")
+  config.model.hf_checkpoint = str(owv_dir)
+  config.data.update(image_size=28, max_images=1, seq_len=128)
+  config.train.update(steps=2, batch_size=2)
+  images = [(np.random.RandomState(i).rand(40, 40, 3) * 255).astype(np.uint8) for i in range(2)]
+  items = []
+  for i, image in enumerate(images):
+    PIL.Image.fromarray(image).save(tmp_path / f"shot{i}.png")
+    items.append({"id": f"s{i}", "images": [str(tmp_path / f"shot{i}.png")], "conversations": [
+        {"from": "human", "value": f"Task {i}: what do you click?\n<image>"}, {"from": "gpt", "value": f"click {i}"}]})
+  stage = str(tmp_path / "il")
+  finetune(config, stage, items)
+  with open(os.path.join(stage, "metrics.jsonl"), encoding="utf-8") as f:
+    assert all(np.isfinite(row["loss"]) for row in map(json.loads, f) if "loss" in row)
+  buf = io.BytesIO()
+  PIL.Image.fromarray(images[0]).save(buf, format="PNG")
+  url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+  text = "Task 0: what do you click?\n"
+  app, batcher = serve.build(stage, max_new_tokens=4)
+  try:
+    assert batcher.engine.policy.image_wrap_id is not None  # idefics2's <fake_token_around_image> wraps the image
+    with serve.RunningServer(app) as server:
+      reply = httpx.post(server.url + "/v1/chat/completions", timeout=300, json={
+          "temperature": 0.0, "max_tokens": 4, "messages": [{"role": "user", "content": [
+              {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}]}).json()
+    ours = batcher.generate(GenerationRequest([{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "image", "image": images[0]}]}], max_tokens=4, temperature=0.0))
+  finally:
+    batcher.close()
+  assert "choices" in reply, reply
+  assert reply["choices"][0]["message"]["content"] == ours.text and reply["usage"]["completion_tokens"] == 4

@@ -89,7 +89,7 @@ def test_token_batch_aligns_the_reply_with_its_targets():
   assert batch["targets"][0, :4].tolist() == [6, 7, 8, 9]
   assert batch["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 0]  # position 2 predicts 8, position 3 predicts 9
   assert batch["behaviour_logp"][0, 2:4].tolist() == [-0.5, -0.25] and batch["advantage"][0] == 2.0
-  with pytest.raises(ValueError, match="seq_len"):
+  with pytest.raises(ValueError, match="the batch holds 8"):
     token_batch([{"prompt_ids": list(range(9)), "reply_ids": [1], "logprobs": [0.0], "advantage": 1.0}], 8, 0)
 
 
@@ -139,3 +139,48 @@ def test_the_success_reward_ranks_a_time_out_with_a_wrong_end():
   assert gi[0][0] == gi[1][0]  # the step-level term sees the same rewards
   with pytest.raises(ValueError, match="reward"):
     groups.step_rewards(won, "raw")
+
+
+def _self_scored_rows(learner, rows, length):
+  """`token_batch` of `rows` whose behaviour log-probs are the learner's own (ratio 1: the loss is −Â per token)."""
+  arrays = token_batch(rows, length, learner.pad_id)
+  arrays["behaviour_logp"] = learner._scored(learner.ts.model(), arrays, len(rows))
+  return arrays
+
+
+@pytest.mark.slow
+def test_dr_grpo_divides_by_the_generation_budget_whatever_the_rounds_lengths(start, tmp_path):
+  """Dr. GRPO's loss = mean_b(Σ_t −Â_b) / sampling.max_tokens at ratio 1 and zero KL, by hand: the same in a batch
+  padded to 64 as to 128 tokens (the padded length, its old divisor, changes with each round's longest step)."""
+  config, il = start
+  config = config.copy_and_resolve_references()
+  config.grpo.loss_agg = "seq_mean_token_sum_norm"
+  learner = Learner(config, stage_config(config, config.grpo), il, str(tmp_path / "actor"),
+                    load(il, temperature=1.0, fmt="webrl").fmt)
+  rows = [{"prompt_ids": [5, 6, 7], "reply_ids": [8, 9], "logprobs": [0.0, 0.0], "advantage": 1.5},
+          {"prompt_ids": [5, 6], "reply_ids": [10, 11, 12], "logprobs": [0.0, 0.0, 0.0], "advantage": -0.5}]
+  by_hand = -(1.5 * 2 + -0.5 * 3) / 2 / config.sampling.max_tokens  # = −0.75 / 16 with smoke's budget
+  try:
+    for length in (64, 128):
+      loss, aux = learner._loss(learner.ts.model(), _self_scored_rows(learner, rows, length), None)
+      assert float(aux["kl"]) == pytest.approx(0.0, abs=1e-6)  # the reference is the start
+      assert float(loss) == pytest.approx(by_hand, rel=1e-4), length
+  finally:
+    learner.close()
+
+
+@pytest.mark.slow
+def test_a_step_longer_than_data_seq_len_trains_rather_than_failing_after_the_rollouts(start, tmp_path):
+  """The sampler takes prompts up to the model's context; the learner takes the round's longest step, whatever
+  `data.seq_len` (IL's training length) says."""
+  config, il = start
+  stage = stage_config(config, config.grpo)
+  stage.data.seq_len = 64
+  learner = Learner(config, stage, il, str(tmp_path / "actor"), load(il, temperature=1.0, fmt="webrl").fmt)
+  try:
+    long_prompt = [5 + i % 40 for i in range(90)]
+    metrics = learner.update([{"prompt_ids": long_prompt, "reply_ids": [8, 9], "logprobs": [-1.0, -1.0],
+                               "advantage": 1.0}], lagged=False, seed=0)
+    assert metrics["updates"] > 0 and np.isfinite(metrics["loss"])
+  finally:
+    learner.close()
