@@ -10,8 +10,10 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import inspect
+import itertools
 import os
 import sys
+import threading
 import warnings
 from typing import Sequence
 
@@ -232,6 +234,64 @@ def write_cache_from_every_process() -> bool:
   return True
 
 
+# The compile function `wait_after_compiling` wraps, as JAX 0.10 calls it (`pxla._cached_compilation`).
+_JAX_COMPILE_ARGS = ("backend", "computation", "devices")
+COMPILE_BARRIER_TIMEOUT_S = 3600.0
+
+
+def jax_compile_and_client():
+  """(JAX's compiler module, its compile function, the coordination service's client) where this JAX has them as
+  `wait_after_compiling` expects; else None."""
+  try:
+    from jax._src import compiler, distributed  # pylint: disable=g-import-not-at-top
+    compile_fn = compiler.compile_or_get_cached
+    client = distributed.global_state.client
+  except (ImportError, AttributeError):
+    return None
+  if client is None or not hasattr(client, "wait_at_barrier"):
+    return None
+  if tuple(inspect.signature(compile_fn).parameters)[:3] != _JAX_COMPILE_ARGS:
+    return None  # another JAX's compile function: not ours to wrap
+  return compiler, compile_fn, client
+
+
+def wait_after_compiling(environ=os.environ) -> bool:
+  """In a multi-process CPU job, a process that has compiled (or loaded) a program spanning several processes
+  waits at a barrier of JAX's coordination service until every process has it, before running it.
+
+  The first collective over a set of devices opens a Gloo context, whose rendezvous gives up after XLA's fixed
+  30 s: a process that loaded its programs from the cache while its peer compiled them for longer died there
+  (`Gloo context initialization failed: DEADLINE_EXCEEDED`, docs/results/README.md#test-suite). The barrier
+  waits up to JAXAGENT_COMPILE_BARRIER_TIMEOUT_S (default 3600). Every process compiles the same multi-process
+  programs in the same order (JAX's rule for them), so the n-th one's barrier is the same on each. GPU/TPU and
+  single-process runs are untouched; a JAX without these names, or with another signature, is left as it is
+  (returns False)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1 or jax.default_backend() != "cpu" or (found := jax_compile_and_client()) is None:
+    return False
+  compiler, compile_fn, client = found
+  timeout_s = float(environ.get("JAXAGENT_COMPILE_BARRIER_TIMEOUT_S") or COMPILE_BARRIER_TIMEOUT_S)
+  counter, lock = itertools.count(), threading.Lock()
+
+  def compile_then_wait(backend, computation, devices, *args, **kwargs):
+    executable = compile_fn(backend, computation, devices, *args, **kwargs)
+    if len({d.process_index for d in np.asarray(devices).flat}) > 1:
+      with lock:
+        n = next(counter)
+      try:
+        client.wait_at_barrier(f"jaxagent/compiled/{n}", int(timeout_s * 1000))
+      except Exception as e:  # pylint: disable=broad-except  # JAX's error says only "DEADLINE_EXCEEDED"
+        raise RuntimeError(
+            f"process {jax.process_index()} waited {timeout_s:.0f} s after compiling its multi-process program "
+            f"#{n} for the other processes to compile theirs: one failed, is slower than that (raise "
+            f"JAXAGENT_COMPILE_BARRIER_TIMEOUT_S) or runs other programs: {e}") from e
+    return executable
+
+  compiler.compile_or_get_cached = compile_then_wait
+  return True
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO; progress goes to tqdm
@@ -255,6 +315,7 @@ def main(argv):
     sys.exit(f"FATAL config error: {e}")
   if config.get("distributed", False):
     init_distributed()
+    wait_after_compiling()
   from jaxagent.recipes import pretrain  # pylint: disable=g-import-not-at-top
   try:  # model.base: the project's pre-trained base, built once into the cache (or a directory)
     pretrain.resolve(config)

@@ -2,7 +2,7 @@
 share (from `/proc/stat`) sampled once a second, then prints the seconds each pytest-xdist worker spent per
 directory and module and how busy the machine was.
 
-    python scripts/suite_profile.py [--log /tmp/suite.log] [-- extra pytest args]
+    python scripts/suite_profile.py [--log /tmp/suite.log] [-- [--lane multiprocess|all] extra pytest args]
 
 A test's seconds are those between its worker's previous report and its own (its module's import and fixtures
 included). Linux only (`/proc/stat`).
@@ -58,7 +58,7 @@ def main() -> int:
   sampler = threading.Thread(target=sample_busy, args=(stop, busy), daemon=True)
   sampler.start()
   start = time.monotonic()
-  proc = subprocess.Popen(["bash", "scripts/test.sh", "-v", "-v", *extra], cwd=ROOT, stdout=subprocess.PIPE,
+  proc = subprocess.Popen(["bash", "scripts/test.sh", *extra, "-v", "-v"], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   reports, log = [], open(flags.log, "w", encoding="utf-8") if flags.log else None
   for line in proc.stdout:

@@ -218,3 +218,64 @@ def test_a_tools_overrides_are_cast_to_each_field_and_an_unknown_field_is_refuse
     main.load_config_file("configs/webrl.py:bench", ["--config.task.colour=red"])
   with pytest.raises(SystemExit, match="'--config.prompt_chars=x': expected an integer"):
     main.load_config_file("configs/webrl.py:bench", ["--config.prompt_chars=x"])
+
+
+def test_the_compile_barrier_is_set_only_where_jax_has_its_names_as_expected(monkeypatch):
+  from jax._src import compiler, distributed  # pylint: disable=g-import-not-at-top
+  assert main.wait_after_compiling() is False  # one process: nothing to wait for
+  assert main.jax_compile_and_client() is None  # no coordination service in this process
+  monkeypatch.setattr(distributed.global_state, "client", type("Client", (), {"wait_at_barrier": None})())
+  found = main.jax_compile_and_client()
+  assert found is not None and found[1] is compiler.compile_or_get_cached  # this JAX: wrapped in a CPU job
+  monkeypatch.setattr(compiler, "compile_or_get_cached", lambda computation, backend, devices: None)
+  assert main.jax_compile_and_client() is None  # another signature: left alone
+
+
+# One program over both processes' devices; process 1 takes PROBE_SLOW_S longer than process 0 to compile it.
+_SLOW_COMPILE_PROBE = """
+import os, time
+import jax, jax.numpy as jnp, numpy as np
+from jax._src import compiler
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxagent import main
+jax_compile = compiler.compile_or_get_cached
+def slow_compile(backend, computation, devices, *args, **kwargs):
+  if jax.process_index() == 1 and len({d.process_index for d in np.asarray(devices).flat}) > 1:
+    time.sleep(float(os.environ["PROBE_SLOW_S"]))
+  return jax_compile(backend, computation, devices, *args, **kwargs)
+compiler.compile_or_get_cached = slow_compile
+main.init_distributed()
+waits = main.wait_after_compiling()
+mesh = Mesh(np.array(jax.devices()), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), np.ones((jax.local_device_count(), 3)))
+start = time.monotonic()
+total = float(jax.jit(lambda a: jnp.sum(a * a))(x))
+print("probe", waits, total, time.monotonic() - start, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_process_compiling_past_gloos_30_s_is_waited_for(tmp_path):
+  """2 processes × 2 CPU devices, process 1 compiling the program over both 35 s longer than process 0 (the
+  cache-loading peer of docs/results/README.md#test-suite): both run it. Without the barrier process 0 dies at
+  the collective (`Gloo context initialization failed: DEADLINE_EXCEEDED ... 29.99999997s`) and process 1 hangs
+  there until the coordination service's shutdown gives up (~5 min)."""
+  (tmp_path / "probe.py").write_text(_SLOW_COMPILE_PROBE)
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT]), "PROBE_SLOW_S": "35",
+         "JAX_ENABLE_COMPILATION_CACHE": "false"}
+  proc = subprocess.Popen([sys.executable, "-m", "launch.local", "--num_processes=2", "--devices_per_process=2",
+                           "--module=probe", "--", "--unused"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  try:
+    out, _ = proc.communicate(timeout=180)
+  except subprocess.TimeoutExpired:
+    proc.terminate()  # the launcher stops its processes on SIGTERM
+    out, _ = proc.communicate(timeout=60)
+    pytest.fail("the job did not finish in 180 s:\n" + out[-6000:])
+  assert proc.returncode == 0, out[-6000:]
+  probes = {line.split()[0]: line.split()[2:] for line in out.splitlines() if " probe " in line}
+  assert set(probes) == {"[p0]", "[p1]"}, out[-6000:]
+  for waits, total, _ in probes.values():
+    assert (waits, float(total)) == ("True", 12.0)
+  assert float(probes["[p0]"][2]) > 30  # process 0 did wait past Gloo's 30 s for process 1

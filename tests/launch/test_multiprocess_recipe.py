@@ -25,6 +25,10 @@ from jaxagent.proj.grpo.learner import token_batch
 from jaxagent.recipes import digirl
 from jaxagent.serving.checkpoint import load_policy
 
+# Its own lane (`scripts/test.sh --lane multiprocess`, run by CI after the README's test command): each test
+# trains whole recipes twice, as 2 processes and as 1, ~8 of the README command's ~20 minutes on 2 cores.
+pytestmark = pytest.mark.multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Every training stage's global batch is 8, which splits over 8 devices however they are spread over processes.
 BATCHES = ("il", "traj_critic", "critic", "actor", "online.traj_critic", "online.critic", "online.actor")

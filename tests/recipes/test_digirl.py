@@ -109,35 +109,50 @@ def test_offline_mode_trains_on_a_given_store(pipeline, tmp_path):
   assert not os.path.exists(os.path.join(other, "online"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode,algorithm,reuse,policies", [
-    ("online", "digirl", ("tasks", "il"), ["il", "digirl_online"]),
-    ("off2on", "filtered_bc", ("tasks", "il", "offline_data", "critics", "filtered_bc"),
-     ["il", "filtered_bc", "filtered_bc_off2on"]),
-])
-def test_the_other_modes_run_their_own_stages(pipeline, tmp_path, mode, algorithm, reuse, policies):
+@pytest.fixture(scope="module")
+def online(pipeline, tmp_path_factory):
+  """The `online` mode from the pipeline's tasks and IL actor, 2 iterations with `max_lag=1`: one run serves
+  the mode's test and the lag's (each was a run of its own)."""
   _, workdir, _, _ = pipeline
-  other = str(tmp_path / "run")
-  for stage in reuse:  # finished stages of the same config, reused as a rerun would
-    shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
-  config = _config()
-  config.mode, config.algorithm = mode, algorithm
-  assert list(digirl.run(config, other)) == policies
-  assert os.path.exists(os.path.join(other, "online", "iter0_actor", DONE))
-  assert os.path.exists(os.path.join(other, "online", "iter0_critics", DONE)) == (algorithm == "digirl")
-  assert not os.path.exists(os.path.join(other, "digirl_offline"))
-
-
-@pytest.mark.slow
-def test_online_rounds_with_lag_are_collected_by_the_older_actor(pipeline, tmp_path):
-  _, workdir, _, _ = pipeline
-  other = str(tmp_path / "lagged")
-  for stage in ("tasks", "il"):
+  other = str(tmp_path_factory.mktemp("online"))
+  for stage in ("tasks", "il"):  # finished stages of the same config, reused as a rerun would
     shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
   config = _config()
   config.mode = "online"
   config.online.update(iterations=2, max_lag=1)
-  digirl.run(config, other)
+  return other, digirl.run(config, other)
+
+
+def _only_online_and_its_own_stages(other, results, algorithm):
+  assert os.path.exists(os.path.join(other, "online", "iter0_actor", DONE))
+  assert os.path.exists(os.path.join(other, "online", "iter0_critics", DONE)) == (algorithm == "digirl")
+  assert not os.path.exists(os.path.join(other, "digirl_offline"))
+  return list(results)
+
+
+@pytest.mark.slow
+def test_online_mode_runs_its_own_stages(online):
+  other, results = online
+  assert _only_online_and_its_own_stages(other, results, "digirl") == ["il", "digirl_online"]
+  assert not os.path.exists(os.path.join(other, "offline_data"))
+
+
+@pytest.mark.slow
+def test_off2on_filtered_bc_runs_its_own_stages(pipeline, tmp_path):
+  _, workdir, _, _ = pipeline
+  other = str(tmp_path / "run")
+  for stage in ("tasks", "il", "offline_data", "critics", "filtered_bc"):  # reused as a rerun would
+    shutil.copytree(os.path.join(workdir, stage), os.path.join(other, stage))
+  config = _config()
+  config.mode, config.algorithm = "off2on", "filtered_bc"
+  results = digirl.run(config, other)
+  assert _only_online_and_its_own_stages(other, results, "filtered_bc") == [
+      "il", "filtered_bc", "filtered_bc_off2on"]
+
+
+@pytest.mark.slow
+def test_online_rounds_with_lag_are_collected_by_the_older_actor(online):
+  other, _ = online
   rounds = [json.load(open(os.path.join(other, "online", f"iter{i}_rollouts", DONE))) for i in range(2)]
   il = os.path.join(other, "il")
   assert [(r["behaviour"], r["lag"]) for r in rounds] == [(il, 0), (il, 1)]  # round 1 ran while actor 1 trained

@@ -6,7 +6,8 @@ draw order, so they are disjoint in intents:
 
   train_a / train_b / train_c   demonstrations / offline, behaviour and ORM data / online rounds and curricula
   test_iid                      intents of the train splits, new episode seeds
-  test_comb                     held-out combinations: a pairing of two parameters never seen together in train
+  test_comb                     held-out combinations: a pairing of two parameters never seen together in train,
+                                each value seen in a train intent of the family (tested per parameter)
   test_value                    held-out values: every 5th brand, products and threads with id % 5 == 0
   test_template                 held-out templates: lookup's "most reviews", cross's review count
   test_layout                   test_comb's intents under the held-out A/B layout (`perturb.HELD_OUT_LAYOUT`)
@@ -352,22 +353,35 @@ def buy_build(world, it):
 
 # F8 cross (T3, the phone only): carry a product's price (or, held out, its review count) into a forum reply.
 def cross_intents(world):
+  """A third of the products, each with one thread, for each field. `test_comb` pairs each train product with a
+  train thread of a board its category never meets in train: every value seen, the (product category, board)
+  pairing new. (A product's own thread falls on one board per category parity, so the Latin square held out
+  whole categories: the product's own thread on such a board gives the intent a product no train intent holds,
+  and those intents are left out.)"""
   boards = sorted(catalog.BOARDS)
+  held = lambda p, t: _latin(CATS.index(p.category), boards.index(t.board), 4)
+  pairs = [(p, world.thread((p.id * 7) % len(world.threads) + 1)) for p in world.products if p.id % 3 == 0]
+  train = [(p, t) for p, t in pairs if not _value_split(product=p, thread=t) and not held(p, t)]
   for field in CROSS_FIELDS:
-    for p in world.products:
-      if p.id % 3:
-        continue  # a third of the products: enough intents, fewer to enumerate
-      t = world.thread((p.id * 7) % len(world.threads) + 1)
+    for p, t in pairs:
       params = (("product", p.id), ("thread", t.id), ("field", field))
       if field == HELD_OUT_CROSS:
         split = "test_template"
       elif _value_split(product=p, thread=t):
         split = "test_value"
-      elif _latin(CATS.index(p.category), boards.index(t.board), 4):
-        split = "test_comb"
+      elif held(p, t):
+        continue
       else:
         split = "train"
       yield Intent("cross", params, split, template=f"cross_{field}")
+  met = {(p.category, t.board) for p, t in train}
+  threads = sorted({t.id: t for _, t in train}.values(), key=lambda t: t.id)
+  for p, _ in train:
+    others = [t for t in threads if (p.category, t.board) not in met]
+    if others:
+      t = others[_h("cross", p.id) % len(others)]
+      yield Intent("cross", (("product", p.id), ("thread", t.id), ("field", "price")), "test_comb",
+                   template="cross_price")
 
 
 def cross_build(world, it):
