@@ -10,7 +10,9 @@ any benchmark figure: docs/results/pretrain.md.
 
 Keys a researcher changes first:
   model.decoder     the base's size (hidden_size, num_layers, heads, intermediate_size)
-  pretrain.train    steps, batch_size (packed rows of data.seq_len tokens)
+  warmup.train      steps, batch_size on windows of corpus.window_chars characters of the pages (windows_per_page
+                    a page), packed rows of warmup.seq_len tokens; 0 steps = none
+  pretrain.train    steps, batch_size on the whole pages (packed rows of data.seq_len tokens), from the warm-up
   corpus.worlds     first / count: the pre-training worlds; corpus.walks_per_world × walk_steps pages a world,
                     one conversation a page: a query in WebRL's prompt, then follow-up queries on the same page
                     up to about corpus.sample_chars characters (~ data.seq_len tokens)
@@ -46,12 +48,16 @@ def get_config(arg=None):
   c.data.max_images = 0
 
   c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,type,search,read,say", walks_per_world=20,
-                                            walk_steps=8, sample_chars=4800, prompt_chars=15872))
+                                            walk_steps=8, sample_chars=5000, prompt_chars=15872,
+                                            window_chars=700, windows_per_page=2))
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
   c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))
 
-  c.pretrain = config_lib.stage(steps=600, batch_size=4, lr=2e-3, warmup_steps=60)
+  # the warm-up on windows of the pages in short rows, then the whole pages from its weights
+  c.warmup = config_lib.stage(steps=700, batch_size=16, lr=2e-3, warmup_steps=50)
+  c.warmup.seq_len = 512
+  c.pretrain = config_lib.stage(steps=300, batch_size=4, lr=1e-3, warmup_steps=30)
   c.checkpoint.every = 100
   c.checkpoint.async_save = False
 
@@ -64,6 +70,8 @@ def get_config(arg=None):
     c.probes.update(walks_per_world=2, examples=8, max_tokens=24)
     c.probes.worlds.count = 1
     c.pretrain.train.update(steps=3, batch_size=2)
+    c.warmup.train.update(steps=2, batch_size=2)
+    c.corpus.window_chars = 400
     c.train.progress_bar = False
     c.checkpoint.every = 2
   elif arg.variant:

@@ -31,7 +31,7 @@ from jaxagent.train.losses import weighted_token_nll
 from jaxagent.train.step import LossFn
 
 
-def _on_host(model: nnx.Module) -> nnx.Module:
+def on_host(model: nnx.Module) -> nnx.Module:
   """The model with host (numpy) parameters: `load_policy` places them on one device, and the training mesh may
   span several, where committed single-device arrays cannot enter its jit."""
   graphdef, state = nnx.split(model)
@@ -108,7 +108,7 @@ def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | No
   ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
   pretrained: Callable[[], nnx.Module] | None = built.pretrained
   if init_from:
-    pretrained = lambda: _on_host(built.adapt(load_policy(init_from).model))  # its adapters merged, ours added
+    pretrained = lambda: on_host(built.adapt(load_policy(init_from).model))  # its adapters merged, ours added
 
   def on_start(writer, ts):
     del ts

@@ -6,8 +6,11 @@ Stages:
   corpus     skill queries on pages of the pre-training worlds (`proj.pretrain.corpus`) and, apart, the probes'
              on held-out worlds; never a benchmark intent or demonstration
   tokenizer  a byte-level BPE fitted on the corpus, so that the sites' names and ids take few tokens
-  train      causal-LM training on the corpus, its samples packed into rows (`data.packing`), loss on the replies
-             (`loss_on`), through the shared loop (sharded, resumable, TensorBoard, a progress bar)
+  warmup     the same skills on windows of the pages (`corpus.window_chars`) in short packed rows
+             (`warmup.seq_len`): where a small model first learns to look a name up and copy a string
+  train      causal-LM training on the whole pages' conversations from the warm-up's weights, samples packed into
+             rows (`data.packing`), loss on the replies (`loss_on`), through the shared loop (sharded, resumable,
+             TensorBoard, a progress bar)
   export     the model as a Hugging Face directory (`W/export/base`): what `model.base` points every recipe at
   probes     greedy replies on the held-out worlds' queries: grounding (the id of the named element) and copying
              (the typed or answered string), per skill
@@ -29,13 +32,14 @@ import numpy as np
 from jaxagent import models
 from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenizer_lib
 from jaxagent.pipeline.config import stage_config
+from jaxagent.pipeline.finetune import on_host
 from jaxagent.pipeline.stages import Stages, read_json, write_json, write_text
 from jaxagent.proj.pretrain import corpus
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
 
-STAGES = ("corpus", "tokenizer", "train", "export", "probes")
+STAGES = ("corpus", "tokenizer", "warmup", "train", "export", "probes")
 CHOICES = {"loss_on": ("reply", "all"), "corpus.format": corpus.FORMATS}
 
 
@@ -56,7 +60,9 @@ def run(config, workdir: str) -> dict:
   stages = Stages(workdir, "pretrain", config)
   stages.run("corpus", lambda out: stage_corpus(config, out))
   stages.run("tokenizer", lambda out: stage_tokenizer(config, workdir, out))
-  stages.run("train", lambda out: stage_train(config, workdir, out))
+  stages.run("warmup", lambda out: train_on(config, config.warmup, workdir, "windows", out, None))
+  stages.run("train", lambda out: train_on(config, config.pretrain, workdir, "samples", out,
+                                            os.path.join(workdir, "warmup") if config.warmup.train.steps else None))
   stages.run("export", lambda out: {"base": export_policy(os.path.join(workdir, "train"), os.path.join(out, "base"))})
   results = stages.run("probes", lambda out: stage_probes(config, workdir, out))
   write_json(os.path.join(workdir, "results.json"), results)
@@ -74,23 +80,25 @@ def _skills(config) -> tuple[str, ...]:
 
 def stage_corpus(config, out):
   c, skills = config.corpus, _skills(config)
-  train = corpus.samples(int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world),
-                         walk_steps=int(c.walk_steps), sample_chars=int(c.sample_chars), skills=skills,
-                         max_prompt_chars=int(c.prompt_chars), seed=int(config.seed))
+  train, windows = corpus.samples(
+      int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world), walk_steps=int(c.walk_steps),
+      sample_chars=int(c.sample_chars), skills=skills, max_prompt_chars=int(c.prompt_chars), seed=int(config.seed),
+      window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0)
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
                            walk_steps=int(c.walk_steps), per_page=1, skills=skills,
                            max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1)
   probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
-  with open(os.path.join(out, "samples.jsonl"), "w", encoding="utf-8") as f:
-    for item in train:
-      f.write(json.dumps(item, ensure_ascii=False) + "\n")
+  for name, items in (("samples", train), ("windows", windows)):
+    with open(os.path.join(out, f"{name}.jsonl"), "w", encoding="utf-8") as f:
+      for item in items:
+        f.write(json.dumps(item, ensure_ascii=False) + "\n")
   with open(os.path.join(out, "probes.jsonl"), "w", encoding="utf-8") as f:
     for k, ex in enumerate(probes):
       f.write(json.dumps({**ex.sample(f"probe-{k}"), "skill": ex.skill, "element": ex.element, "text": ex.text},
                          ensure_ascii=False) + "\n")
   replies = [t["value"] for it in train for t in it["conversations"][1::2]]
-  return {"samples": len(train), "replies": len(replies), "probes": len(probes),
+  return {"samples": len(train), "windows": len(windows), "replies": len(replies), "probes": len(probes),
           "probe_skills": dict(collections.Counter(ex.skill for ex in probes)),
           "mean_chars": float(np.mean([sum(len(t["value"]) for t in it["conversations"]) for it in train]))}
 
@@ -111,29 +119,33 @@ def stage_tokenizer(config, workdir, out):
   return {"path": path, "vocab": len(tok), "chars_per_token": chars / max(tokens, 1)}
 
 
-def stage_train(config, workdir, out):
-  tok_dir = os.path.join(workdir, "tokenizer", "tokenizer")
-  tok = tokenizer_lib.load_tokenizer(tok_dir, require_image_token=False)
-  train_config = stage_config(config, config.pretrain)
+def train_on(config, section, workdir: str, corpus_name: str, out: str, init_from: str | None) -> dict:
+  """Trains the base on the corpus file `corpus_name` with the stage `section` (its `train`, `optim` and
+  `seq_len`, else `data.seq_len`), from `init_from`'s weights or from scratch; the workdir loads as a policy."""
+  if not int(section.train.steps):
+    return {"skipped": "no steps"}
+  tok = tokenizer_lib.load_tokenizer(os.path.join(workdir, "tokenizer", "tokenizer"), require_image_token=False)
+  train_config = stage_config(config, section)
+  seq_len = int(section.get("seq_len", config.data.seq_len))
   tok.save_pretrained(os.path.join(out, "tokenizer"))
   write_text(os.path.join(out, "config.json"), train_config.to_json_best_effort(indent=2))
-  seq_len = int(config.data.seq_len)
   encoded, dropped = [], 0
-  for item in _read(workdir, "samples"):
+  for item in _read(workdir, corpus_name):
     ids, loss = conversation.tokenize(item, tok, 1)
     if len(ids) > seq_len + 1:  # a cut sample would lose its reply
       dropped += 1
       continue
     encoded.append((ids, loss if config.loss_on == "reply" else np.ones_like(loss)))
   if not encoded:
-    raise ValueError(f"pretrain: no corpus sample fits config.data.seq_len={seq_len}; raise it")
+    raise ValueError(f"pretrain: no {corpus_name} sample fits {seq_len} tokens; raise config.data.seq_len")
   rows = packing.pack(encoded, seq_len, pad_id=int(tok.pad_token_id))
   built = models.build(train_config, tok)
-  ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(config.seed))
-  # the loss on the replies alone reads logits at those positions only (a tenth of the vocabulary projection)
+  ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
+  # the loss on the replies alone reads logits at those positions only
   most = int(rows["loss_mask"].sum(1).max())
   loss = sparse_token_nll(most) if config.loss_on == "reply" else weighted_token_nll
-  loop.train(train_config, out, model_fn=built.init, loss_fn=loss, dataset=ds,
+  pretrained = (lambda: on_host(load_policy(init_from).model)) if init_from else None
+  loop.train(train_config, out, model_fn=built.init, loss_fn=loss, dataset=ds, pretrained=pretrained,
              flops_per_token=built.flops_per_token, read_options=pipeline.read_options(int(config.data.num_threads)))
   return {"rows": len(rows["input_ids"]), "fill": packing.fill(rows), "samples": len(encoded), "dropped": dropped,
           "tokens": int((rows["segment_ids"] > 0).sum()),

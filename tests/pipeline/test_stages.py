@@ -5,7 +5,9 @@ import json
 import os
 
 import ml_collections
+import pytest
 
+from jaxagent.pipeline import stages as stages_lib
 from jaxagent.pipeline.stages import DONE, Stages
 
 
@@ -81,3 +83,18 @@ def test_a_stage_line_shortens_long_collections_and_the_done_file_keeps_them(tmp
   line = capsys.readouterr().out.splitlines()[-1]
   assert line == '[t] eval: {"il": {"success_rate": 0.5, "outcomes": "<270 entries>"}, "steps": [0, 1, 2]}'
   assert Stages(str(tmp_path), "t").run("eval", lambda out: {}) == summary  # read back whole from DONE
+
+
+def test_stop_after_ends_the_run_once_its_stage_is_done_run_or_skipped(tmp_path, monkeypatch):
+  monkeypatch.setattr(stages_lib, "STOP_AFTER", "b")
+  ran = []
+  def run_all():
+    s = Stages(str(tmp_path), "t")
+    for name in ("a", "b", "c"):
+      s.run(name, lambda out, n=name: ran.append(n) or {})
+  with pytest.raises(stages_lib.StopAfter):
+    run_all()
+  assert ran == ["a", "b"] and not os.path.exists(tmp_path / "c")
+  with pytest.raises(stages_lib.StopAfter):  # a rerun stops there too, with both stages skipped
+    run_all()
+  assert ran == ["a", "b"]

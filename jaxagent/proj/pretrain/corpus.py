@@ -189,13 +189,13 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
                 sample_chars: int, sample_id: str) -> dict | None:
   """A training conversation on one page: the first query in WebRL's prompt (the format recipes act in), then
   follow-up turns `Task Instruction: <query>` on the same page until the conversation holds about `sample_chars`
-  characters (at least a few follow-ups): many supervised replies for one read of a long page."""
+  characters: many supervised replies for one read of a long page."""
   first = _query(rng, html, skills)
   if first is None:
     return None
   turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng), html, max_prompt_chars)},
            {"from": "gpt", "value": first[1]}]
-  follow_up_chars = max(200, sample_chars - len(turns[0]["value"]))
+  follow_up_chars = sample_chars - len(turns[0]["value"])
   used, tries = 0, 0
   while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
     tries += 1
@@ -234,13 +234,33 @@ def examples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_st
   return out
 
 
+def window(rng: random.Random, html: str, chars: int) -> str:
+  """A stretch of about `chars` characters of the page, from one tag to the end of another: the short pages of
+  the warm-up, on which a small model learns to look a name up and copy a string far sooner than on whole pages."""
+  if len(html) <= chars:
+    return html
+  starts = [m.start() for m in re.finditer(r"<(?!/)", html[:len(html) - chars // 2])]
+  start = rng.choice(starts) if starts else 0
+  piece = html[start:start + chars]
+  end = piece.rfind(">")
+  return piece[:end + 1] if end > 0 else piece
+
+
 def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, sample_chars: int,
-            skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0) -> list[dict]:
-  """The training conversations (`page_sample`, one a page) over worlds `first_world` ..."""
+            skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
+            window_chars: int = 0, windows_per_page: int = 0) -> tuple[list[dict], list[dict]]:
+  """(the training conversations on whole pages (`page_sample`, one a page), those on `windows_per_page` windows
+  of `window_chars` characters of each page, each up to about `sample_chars` / 3 characters) over worlds
+  `first_world` ..."""
   rng = random.Random(f"samples/{seed}")
-  out = []
+  whole, parts = [], []
   for k, html in enumerate(pages(first_world, num_worlds, walks_per_world, walk_steps, seed)):
     made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"page-{k}")
     if made is not None:
-      out.append(made)
-  return out
+      whole.append(made)
+    for j in range(windows_per_page if window_chars > 0 else 0):
+      made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, sample_chars // 3,
+                         f"window-{k}-{j}")
+      if made is not None:
+        parts.append(made)
+  return whole, parts
