@@ -49,14 +49,15 @@ def get_config(arg=None):
 
   c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,type,search,read,say", walks_per_world=20,
                                             walk_steps=8, sample_chars=5000, prompt_chars=15872,
-                                            window_chars=700, windows_per_page=2))
+                                            window_chars=700, windows_per_page=2,
+                                            window_sample_chars=1500))
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
   c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))
 
   # the warm-up on windows of the pages in short rows, then the whole pages from its weights
   c.warmup = config_lib.stage(steps=700, batch_size=16, lr=2e-3, warmup_steps=50)
-  c.warmup.seq_len = 512
+  c.warmup.seq_len = 640  # ≥ a window's conversation (corpus.window_sample_chars) in tokens
   c.pretrain = config_lib.stage(steps=300, batch_size=4, lr=1e-3, warmup_steps=30)
   c.checkpoint.every = 100
   c.checkpoint.async_save = False
@@ -71,6 +72,7 @@ def get_config(arg=None):
     c.probes.worlds.count = 1
     c.pretrain.train.update(steps=3, batch_size=2)
     c.warmup.train.update(steps=2, batch_size=2)
+    c.warmup.seq_len = 1024
     c.corpus.window_chars = 400
     c.train.progress_bar = False
     c.checkpoint.every = 2

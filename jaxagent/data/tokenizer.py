@@ -47,6 +47,8 @@ _VERSION = "bpe-v1"
 # simplified HTML in ~25 % fewer tokens (3.5 characters a token against 2.7 at 4,096 entries), each element's id
 # one or two tokens right after its tag, and values split as everywhere else, so a copied string is the same
 # tokens on the page, in the instruction and in the reply.
+# WebRL's turn markers (Llama-3's, one token each there): one token each here too, not ~20 pieces of punctuation.
+HTML_FORMAT_TOKENS = ("<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>")
 HTML_SPLIT = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?</?[a-z][a-z0-9]*(?: id="|>)?| ?\p{L}+| ?\p{N}+|">| ?[^\s\p{L}\p{N}]+"""
               r"""|\s+(?!\S)|\s+""")
 
@@ -55,7 +57,7 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
                             html: bool = False) -> str:
   """Trains the byte-level BPE on the agent corpus and writes it to `out_dir` in HF format (`html`: with the
   `HTML_SPLIT` pre-tokenizer, for models that read the sites' simplified HTML)."""
-  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
   from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
 
   if corpus is None:
@@ -70,6 +72,8 @@ def train_default_tokenizer(out_dir: str, vocab_size: int = DEFAULT_VOCAB_SIZE, 
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
   tok.train_from_iterator(corpus, trainer=trainer)
+  if html:
+    tok.add_tokens([AddedToken(t, normalized=False) for t in HTML_FORMAT_TOKENS])
   fast = PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
       additional_special_tokens=[IMAGE_TOKEN, END_OF_UTTERANCE], chat_template=CHAT_TEMPLATE,

@@ -83,7 +83,8 @@ def stage_corpus(config, out):
   train, windows = corpus.samples(
       int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world), walk_steps=int(c.walk_steps),
       sample_chars=int(c.sample_chars), skills=skills, max_prompt_chars=int(c.prompt_chars), seed=int(config.seed),
-      window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0)
+      window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0,
+      window_sample_chars=int(c.window_sample_chars))
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
                            walk_steps=int(c.walk_steps), per_page=1, skills=skills,

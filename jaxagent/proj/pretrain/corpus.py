@@ -248,9 +248,10 @@ def window(rng: random.Random, html: str, chars: int) -> str:
 
 def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, sample_chars: int,
             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
-            window_chars: int = 0, windows_per_page: int = 0) -> tuple[list[dict], list[dict]]:
+            window_chars: int = 0, windows_per_page: int = 0, window_sample_chars: int = 0
+            ) -> tuple[list[dict], list[dict]]:
   """(the training conversations on whole pages (`page_sample`, one a page), those on `windows_per_page` windows
-  of `window_chars` characters of each page, each up to about `sample_chars` / 3 characters) over worlds
+  of `window_chars` characters of each page, each up to about `window_sample_chars` characters) over worlds
   `first_world` ..."""
   rng = random.Random(f"samples/{seed}")
   whole, parts = [], []
@@ -259,7 +260,7 @@ def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_ste
     if made is not None:
       whole.append(made)
     for j in range(windows_per_page if window_chars > 0 else 0):
-      made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, sample_chars // 3,
+      made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, window_sample_chars,
                          f"window-{k}-{j}")
       if made is not None:
         parts.append(made)
