@@ -13,9 +13,11 @@ from jaxagent.types import ActionKind
 FMT = WebRL()
 
 
-@pytest.fixture(scope="module")
-def samples():
-  return corpus.samples(1000, 2, walks_per_world=4, walk_steps=4, sample_chars=3000, seed=0)
+@pytest.fixture(scope="module", params=["pages", "windows"])
+def samples(request):
+  pages, windows = corpus.samples(1000, 2, walks_per_world=4, walk_steps=4, sample_chars=3000, seed=0,
+                                  window_chars=700, windows_per_page=1, window_sample_chars=1500)
+  return pages if request.param == "pages" else windows
 
 
 def _element_text(html: str, eid: str) -> str:
@@ -28,7 +30,8 @@ def test_every_reply_answers_its_query_on_its_page(samples):
   for item in samples:
     turns = item["conversations"]
     html = current_html(turns[0]["value"] + "\n\n<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n")
-    assert "seed 100" in html  # a page of world 1000 or 1001 (the sites' footer names its world)
+    if item["id"].startswith("page-"):
+      assert "seed 100" in html  # a page of world 1000 or 1001 (the sites' footer names its world)
     for human, gpt in zip(turns[0::2], turns[1::2]):
       query = re.search(r"Task Instruction: (.*?)(?:\n|$)", human["value"]).group(1)
       quoted = re.findall(r'"([^"]*)"', query)
