@@ -5,8 +5,9 @@
 The bare file is the base every recipe's `--config.model.base=pretrain` builds once and caches: a Llama-family
 decoder trained from scratch on skill queries (click / type / search / read / say) over pages of worlds
 `corpus.worlds`, probed on worlds `probes.worlds`; both ranges lie above every evaluation world (the global seeds
-0, 1, 2, ... are the benchmark's worlds). Sizes, corpus and steps were fixed on the probes (held-out worlds), not on
-any benchmark figure: docs/results/pretrain.md.
+0, 1, 2, ... are the benchmark's worlds). Sizes, corpus and steps are chosen on the probes (held-out worlds), never on
+a benchmark figure. As committed, its base does not yet look an element up or copy a string (probes near 0 %, three
+pilots: docs/results/pretrain.md); the recipe, corpus and `model.base` plumbing are what stands.
 
 Keys a researcher changes first:
   model.decoder     the base's size (hidden_size, num_layers, heads, intermediate_size)
