@@ -57,3 +57,12 @@ def test_parse_arg_types_and_bare_variant():
   assert (arg.variant, arg.steps, arg.fast) == ("smoke", 7, True)
   with pytest.raises(ValueError, match="not one of"):
     common.parse_arg("stpes=3", steps=1)
+
+
+def test_the_base_flag_starts_webrls_bench_variant_from_the_pretrained_base():
+  from jaxagent.pipeline.config import validate  # pylint: disable=g-import-not-at-top
+  from jaxagent.recipes import webrl  # pylint: disable=g-import-not-at-top
+  cfg = _load(os.path.join(ROOT, "configs", "webrl.py")).get_config("bench,base=1")
+  validate(cfg, webrl.CHOICES, webrl.LISTS)
+  webrl.check_config(cfg)
+  assert cfg.model.base == "pretrain" and cfg.tasks.suite == "bench" and cfg.sft.warmup.steps == 0

@@ -105,9 +105,14 @@ def fit_tokenizer(out_dir: str, texts, vocab_size: int = 2 * DEFAULT_VOCAB_SIZE,
   return _train_once(out_dir, vocab_size, list(synthetic_conversations.corpus()) + list(texts), html)
 
 
+def cache_dir() -> str:
+  """Where built artefacts (tokenizers, the pre-trained base) are cached: `$JAXAGENT_CACHE` or ~/.cache/jaxagent."""
+  return os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
+
+
 def default_tokenizer_dir(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
   """The cached default tokenizer's directory (built on first use; `$JAXAGENT_CACHE` or ~/.cache/jaxagent)."""
-  cache = os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
+  cache = cache_dir()
   key = hashlib.sha1(f"{_VERSION}-{vocab_size}".encode()).hexdigest()[:10]
   return _train_once(os.path.join(cache, f"tokenizer-{key}"), vocab_size)
 

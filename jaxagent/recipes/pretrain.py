@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -33,7 +34,7 @@ from jaxagent import models
 from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenizer_lib
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import on_host
-from jaxagent.pipeline.stages import Stages, read_json, write_json, write_text
+from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.proj.pretrain import corpus
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
@@ -186,13 +187,9 @@ def stage_probes(config, workdir, out):
 
 
 def base_key(config) -> str:
-  """The content of a pre-training config (everything that changes the base) as a short hash."""
+  """A short hash of what makes the base: the pre-training config and the corpus generator's source."""
   blob = json.dumps(config.to_dict(), sort_keys=True, default=str)
-  return hashlib.sha1(f"{corpus.__doc__}{blob}".encode()).hexdigest()[:12]
-
-
-def cache_dir() -> str:
-  return os.environ.get("JAXAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent"))
+  return hashlib.sha1(f"{inspect.getsource(corpus)}{blob}".encode()).hexdigest()[:12]
 
 
 def load_config(arg: str = ""):
@@ -212,7 +209,7 @@ def ensure_base(arg: str = "") -> str:
   """The exported base of `configs/pretrain.py[:arg]`, built once (with a progress bar) into the cache, keyed by
   its config's content; returns its HF directory."""
   config = load_config(arg)
-  workdir = os.path.join(cache_dir(), f"base-{base_key(config)}")
+  workdir = os.path.join(tokenizer_lib.cache_dir(), f"base-{base_key(config)}")
   base = os.path.join(workdir, "export", "base")
   if not os.path.exists(os.path.join(workdir, "probes", "DONE")):
     print(f"model.base: building the pre-trained base into {workdir} (once; configs/pretrain.py)")
@@ -246,5 +243,3 @@ def resolve(config) -> None:
     config.model.hf_checkpoint = path
     if config.get("data") is not None and "tokenizer" in config.data:
       config.data.tokenizer = ""  # the base's own
-  # recorded, so a rerun of the same recipe finds the same base
-  read_json(os.path.join(path, "config.json"))

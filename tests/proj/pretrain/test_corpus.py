@@ -75,3 +75,14 @@ def test_worlds_below_the_pretraining_range_are_refused():
   for first, count in ((0, 10), (999, 3), (1000, 0)):
     with pytest.raises(ValueError, match="corpus.worlds"):
       corpus.check_worlds("corpus.worlds", first, count)
+
+
+def test_no_benchmark_intent_or_demonstration_reply_is_in_the_corpus(samples):
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  intents = {t.intent for split in ("train_a", "test_comb", "test_value", "test_template")
+             for t in bench.generate(0, "text", 2, splits=(split,))[split]}
+  queries = {re.search(r"Task Instruction: (.*?)(?:\n|$)", t["value"]).group(1)
+             for it in samples for t in it["conversations"][0::2]}
+  assert queries and not queries & intents
+  # the expert's replies carry a "# Note:" comment line; the corpus's are bare actions
+  assert not any(t["value"].startswith("#") for it in samples for t in it["conversations"][1::2])
