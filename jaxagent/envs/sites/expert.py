@@ -24,7 +24,10 @@ from jaxagent.types import Action, ActionKind, Element, Observation, Step
 
 # The observation each format's element ids refer to (BrowserEnv's `observation` argument).
 FORMAT_OBSERVATION = {"webvoyager": "som", "webvoyager_text": "a11y", "webvoyager_actree_image": "a11y",
-                      "openwebvoyager": "a11y", "webrl": "html", "autoui": "som"}
+                      "openwebvoyager": "a11y", "webrl": "html", "autoui": "som", "autoui_text": "html"}
+# The phone's formats: a tap, then TYPE into the focused field, then PRESS_ENTER; no answer text. `autoui` taps at
+# screen points, `autoui_text` names the simplified HTML's element.
+PHONE_FORMATS = ("autoui", "autoui_text")
 DONE_TEXT = "Done."
 # Cleared before the oracle's next step: a perturbed episode's interstitial and its transient error page.
 INTERRUPTS = ("#popup-close", "#retry")
@@ -93,6 +96,7 @@ class ScriptedExpert:
     self.format_name = format_name
     self.observation = FORMAT_OBSERVATION[format_name]
     self.fmt = agents.get_format(format_name, **format_kwargs)
+    self.phone = format_name in PHONE_FORMATS
     self.max_recoveries = max_recoveries
     self._progress: dict[str, _Progress] = {}
 
@@ -103,7 +107,7 @@ class ScriptedExpert:
 
   def act_one(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> str:
     action, thought = self.next_action(obs, history, slot)
-    if self.format_name == "autoui":
+    if self.phone:
       thought = ""  # AutoUI's "Action Plan" lists action types, not prose; render fills in the action's own
     elif self.format_name == "webrl":
       thought = f"Note: {thought}"  # WebRL's comment line convention (`# Element:` / `# Note:`, §3.3)
@@ -154,7 +158,7 @@ class ScriptedExpert:
       if action is None:
         return self._recover(prog, f"I cannot locate {step.get('text') or step['selector']} on the page.")
       prog.last = (prog.step, prog.phase)
-      if self.format_name == "autoui" and op == "type" and prog.phase < (2 if step.get("enter") else 1):
+      if self.phone and op == "type" and prog.phase < (2 if step.get("enter") else 1):
         prog.phase += 1
       else:
         prog.step, prog.phase = prog.step + 1, 0
@@ -166,7 +170,7 @@ class ScriptedExpert:
   # ------------------------------------------------------------------------------------------- helpers
 
   def _finish(self, text: str) -> tuple[Action, str]:
-    return Action(ActionKind.ANSWER, text=text if self.format_name != "autoui" else ""), "The task is complete."
+    return Action(ActionKind.ANSWER, text=text if not self.phone else ""), "The task is complete."
 
   def _rewind(self, prog: _Progress, oracle: list[dict[str, Any]], targets: dict[str, Any]) -> bool:
     """After a detour (a noisy action, a back too far) resume from the latest earlier oracle step whose target
@@ -206,18 +210,18 @@ class ScriptedExpert:
     return ""
 
   def _scroll(self, obs: Observation, direction: str) -> Action:
-    if self.format_name == "autoui":  # a finger swipe against the scroll direction
+    if self.phone:  # a finger swipe against the scroll direction
       y0, y1 = (0.75, 0.25) if direction == "down" else (0.25, 0.75)
       return Action(ActionKind.SWIPE, x=0.5, y=y0, x2=0.5, y2=y1, normalized=True)
     return Action(ActionKind.SCROLL, direction=direction)
 
   def _action(self, obs: Observation, step: dict[str, Any], target: dict[str, Any], phase: int) -> Action | None:
     op = step["op"]
+    if self.phone and op == "type" and phase == 1:
+      return Action(ActionKind.TYPE, text=step["text"])
+    if self.phone and op == "type" and phase == 2:
+      return Action(ActionKind.KEY, key="Enter")
     if self.format_name == "autoui":
-      if op == "type" and phase == 1:
-        return Action(ActionKind.TYPE, text=step["text"])
-      if op == "type" and phase == 2:
-        return Action(ActionKind.KEY, key="Enter")
       width, height = obs.viewport
       x, y, w, h = target["bbox"]
       return Action(ActionKind.CLICK, x=round((x + w / 2) / width, 4), y=round((y + h / 2) / height, 4),
@@ -228,7 +232,7 @@ class ScriptedExpert:
       element = match_element(obs.elements, target["bbox"], step.get("text", "") if op == "click" else "")
     if element is None:
       return None
-    if op == "click":
+    if op == "click" or self.phone:  # the phone's type step taps its field first (phase 0)
       return Action(ActionKind.CLICK, element=element.index)
     return Action(ActionKind.TYPE, element=element.index, text=step["text"], enter=bool(step.get("enter")))
 
@@ -252,7 +256,7 @@ class NoisyExpert(ScriptedExpert):
       if action is not None:
         return action, "This deal looks like a shortcut."
     if history and self.rng.random() < self.stop_prob:
-      return Action(ActionKind.ANSWER, text="I am not sure." if self.format_name != "autoui" else ""), \
+      return Action(ActionKind.ANSWER, text="I am not sure." if not self.phone else ""), \
           "I will stop here."
     if self.rng.random() < self.epsilon:
       key = obs.extra.get("session") or f"slot{slot}"

@@ -4,8 +4,8 @@ Each episode is a session on the same site server Chromium talks to (`server.epi
 the same state. The env does what Chromium does with the sites' script-free pages: it requests a page over HTTP,
 follows redirects, keeps the back/forward history and the controls' live values, submits forms as the HTML spec
 serialises them (implicit submission on Enter included), and renders each page through `textpage.Page`, which
-reproduces `js/html.js` byte for byte but for `data-bbox`. Actions name elements by their html id; scrolling,
-hovering and waiting change nothing a text agent sees. `BrowserEnv`'s rules hold: a failed action feeds back
+reproduces `js/html.js` byte for byte but for `data-bbox`. Actions name elements by their html id; scrolling
+(the phone's: a swipe), hovering and waiting change nothing a text agent sees. `BrowserEnv`'s rules hold: a failed action feeds back
 `FAIL_OBS`, typing into a non-text box warns, `back` never leaves the first page, navigation stays on the
 server's origin.
 
@@ -247,7 +247,16 @@ class SiteTextEnv:
       return self._goto(action.url)
     if kind in (ActionKind.WAIT, ActionKind.NOOP):
       return []
-    raise _Failed()  # screen points (tap, swipe) need a layout: Chromium's business
+    if kind == ActionKind.SWIPE and self._travel_sq(action) >= 10:  # BrowserEnv's rule: shorter is a tap
+      return []  # the phone's scroll: like SCROLL, it moves nothing a simplified-HTML agent sees
+    raise _Failed()  # screen points (a tap at a point) need a layout: Chromium's business
+
+  def _travel_sq(self, action: Action) -> float:
+    """A swipe's squared travel in CSS px (the page is never zoomed on the sites: their viewport is the device's)."""
+    if None in (action.x, action.y, action.x2, action.y2):
+      raise _Failed()
+    scale = (self.profile.width, self.profile.height) if action.normalized else (1.0, 1.0)
+    return ((action.x2 - action.x) * scale[0]) ** 2 + ((action.y2 - action.y) * scale[1]) ** 2
 
   def _click(self, node: LexborNode) -> list[str]:
     """A click's default action: the link or submit button it lands in, a box it ticks, a control it focuses."""
