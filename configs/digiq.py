@@ -59,6 +59,10 @@ def get_config(arg=None):
   c.tasks.level = 2  # the benchmark's perturbation level (suite=bench)
 
   c.env = config_lib.env_block(workers=6)  # 6 browsers: 100 episodes in ~130 s on 2 cores (2 took ~220 s)
+  # The phone's screenshot only: Digi-Q's representation answers whether an action changes the screen's pixels
+  # (labels: their difference), so the text observation (DigiRL's env.observation=html) is refused here
+  # (docs/results/digiq.md#text-observation).
+  c.env.observation = "screenshot"
   # How an AutoUI reply is read: faithful (the original's split; a decision it cannot unpack ends the episode)
   # | lenient (such a reply is a no-op and the episode goes on; docs/results/digiq.md#parse).
   c.parse = "faithful"

@@ -19,6 +19,13 @@ Keys a researcher changes first:
   judge.kind programmatic | llm (DigiRL's per-step evaluator prompt against any OpenAI-compatible endpoint)
   parse      faithful (a decision the original cannot unpack ends the episode) | lenient (it is a no-op)
   model.kind vlm | autoui (the original's encoder-decoder actor: T5 over a frozen image encoder's pooled feature)
+             | decoder (a text decoder, with env.observation=html)
+  env.observation  screenshot (the faithful default, and `:paper`'s) | html: the phone's screen as WebRL's compact
+             simplified HTML, for a text decoder (a tiny one, `model.hf_checkpoint` or `model.base=pretrain`), since a
+             64-px screenshot's text is about a pixel tall; with env.browser=text it is served without a browser. The
+             prompt and actions stay AutoUI's, a tap naming the page's element (`agents/autoui_text.py`); the critics
+             read the page in the prompt's bag of words. `data.page_chars` cuts the page. Digi-Q refuses it.
+             `configs/digirl.py:text=1` (or `:smoke,text=1`) sets all four (docs/results/digirl.md#text-observation)
   capacity   the code's replay buffer size (2000, a FIFO over transitions): the step critic's replay and each
              actor's filtered buffer hold the newest `capacity` transitions of their trajectories in the order
              they came (offline, then each online round); 0 = unbounded, every transition (the cap's ablation)
@@ -46,7 +53,7 @@ VARIANTS = ("smoke", "paper")
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, variant="")
+  arg = config_lib.parse_arg(arg, variant="", text=False)
   c = config_lib.base_config(staged=True)
   c.recipe = "digirl"
   c.mode = "off2on"  # offline | off2on | online
@@ -61,10 +68,12 @@ def get_config(arg=None):
   c.data.image_size = 64
   c.data.max_images = 1  # AutoUI sees the current screen only
   c.data.num_threads = 2
+  c.data.page_chars = 2048  # env.observation=html: the prompt's cut of the page (WebRL's prompt_chars)
 
   c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_sort", max_steps=8, suite="sites",
                                            level=2))
   c.env = config_lib.env_block(workers=2)
+  c.env.observation = "screenshot"  # screenshot (AutoUI's, the faithful default) | html (the screen as text)
   c.judge = ml_collections.ConfigDict()
   c.judge.kind = "programmatic"  # programmatic | llm
   c.judge.llm = ml_collections.ConfigDict(dict(protocol="digirl", base_url="", model="gpt-4o",
@@ -165,4 +174,13 @@ def get_config(arg=None):
     c.eval.episodes = 96
   elif arg.variant:
     raise ValueError(f"configs/digirl.py: unknown variant {arg.variant!r}; choose one of {VARIANTS}")
+  if arg.text:
+    if arg.variant == "paper":
+      raise ValueError("configs/digirl.py:paper,text=1: the paper's path reads the screenshot; drop text=1")
+    c.env.observation, c.env.browser, c.model.kind = "html", "text", "decoder"
+    c.data.max_images = 0
+    # ≥ the longest prompt + reply in the embedded tokenizer: the page's cut, the goal, ~130 reply tokens
+    c.data.seq_len = 2560 if arg.variant != "smoke" else 1024
+    if arg.variant == "smoke":
+      c.data.page_chars = 600
   return c

@@ -26,7 +26,7 @@ from jaxagent.agents import autoui, base
 from jaxagent.agents.webrl import compact_html
 from jaxagent.types import Action, ActionKind, Observation, Step, Task
 
-MAX_PAGE_CHARS = 3000
+MAX_PAGE_CHARS = 2048  # WebRL's prompt cut (configs/webrl.py: prompt_chars); a phone page is ≤ ~3.2k
 _ELEMENT_TAP = re.compile(r'"touch_point": "id=(\d+)", "lift_point": "id=(\d+)"')
 
 

@@ -65,8 +65,9 @@ PAIRS = (("digiq_actor", "filtered_bc_actor"), ("digiq_actor", "il_actor"), ("fi
 
 def check_config(config) -> None:
   """The rules across keys `pipeline.config.validate` cannot see (`jaxagent.main` calls it before any work):
-  `train_c` is a split of the benchmark alone."""
+  `train_c` is a split of the benchmark alone; the phone is read as a screenshot (`device.check_observation`)."""
   check_split_keys(config, ("demos.split", "behaviour.splits"))
+  device.check_observation(config, text=False)
 
 
 def run(config, workdir: str) -> dict:

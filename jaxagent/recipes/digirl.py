@@ -5,7 +5,8 @@ resumes the running one: rollouts by episode id, trainings from their Orbax chec
 iteration):
 
   tasks           the phone-profile (AitW action space) suites: train tasks for every training episode, test
-                  tasks for the evaluation alone
+                  tasks for the evaluation alone; the actor reads the screenshot, or with `env.observation=html`
+                  the screen's simplified HTML (a text decoder; `agents.autoui_text`)
   il              the scripted expert's demonstrations → the VLM trained on them (AutoUI's SFT checkpoint)
   offline_data    the IL actor's judged rollouts on the train tasks at `offline.temperature` (or `data.path`)
   critics         image features of every state; the instruction-level critic V^inst on every offline trajectory
@@ -49,8 +50,9 @@ from jaxagent.train.losses import sequence_nll, weighted_token_nll
 SPLIT_KEYS = ("demos.split", "offline.split", "online.split")  # where each stage draws its tasks
 STAGES = ("tasks", "il", "offline_data", "critics", "filtered_bc", "digirl_offline", "online", "eval")
 CHOICES = {
-    "env.browser": ("chromium",),
-    "model.kind": ("vlm", "autoui"),
+    "env.browser": ("chromium", "text"),  # text: env.observation=html's pages without a browser
+    "env.observation": device.OBSERVATIONS,
+    "model.kind": ("vlm", "autoui", "decoder"),  # decoder: env.observation=html
     "mode": ("offline", "off2on", "online"),
     "algorithm": ("digirl", "filtered_bc"),
     **{key: TRAIN_SPLITS for key in SPLIT_KEYS},
@@ -86,6 +88,7 @@ def check_config(config) -> None:
   """The keys `pipeline.config.validate` has no rule for (`jaxagent.main` calls it before any work)."""
   check_count(config, "capacity", 0, "2000 (the code's)", "the replay buffers' transitions; 0 = unbounded")
   check_split_keys(config, SPLIT_KEYS)
+  device.check_observation(config, text=True)
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -248,7 +251,7 @@ def train_actor(config, workdir: str, out: str, block, data: Data, algorithm: st
   picks, info = training.actor_picks(config, data, algorithm, keep, step_critic)
   _record_init(out, init_from)
   loss = sequence_nll(AUTOUI_PROB_CLAMP) if config.actor.loss == "digirl" else weighted_token_nll
-  items = data.samples(picks, os.path.join(out, "images"))
+  items = data.samples(picks, os.path.join(out, "images"), device.reads_text(config))
   if not items:
     return {**info, "note": f"no step passed the filter; the actor equals {init_from}"}
   demos = device.finetune_with_demos(stage_config(config, block, seed_offset=seed_offset), workdir, out, items,

@@ -7,7 +7,8 @@
                 pooler output (768-d in the code); frozen for the step critic (the code forces `detach_model`),
                 followed by a trainable tanh layer for the instruction critic (whose RoBERTa the code trains)
   image         the IL VLM's mean-pooled vision features of the 1/4 screen (`pipeline.device.screen_features`),
-                the stand-in for BLIP-2's pooled ViT-g features (1408-d)
+                the stand-in for BLIP-2's pooled ViT-g features (1408-d); none with a text observation
+                (`env.observation=html`), whose prompt, the `text` input, already holds the page
   V^inst(c)     `TrajectoryCritic`: CE of 2 logits to y = 1[G_last > 0] (`trainer.py:trajectory_critic_loss`)
   V^step(s)     `StepCritic`: two heads MLP(in → h → h → 2), ReLU; CE of both heads at s AND at s' to the label
                 of s, y = 1[G_t > 0] (`trainer.py:critic_loss`); V = min of the heads' softmax[1]
@@ -52,12 +53,12 @@ def bag_of_words(texts: Sequence[str], dim: int) -> np.ndarray:
   return out
 
 
-def next_obs_text(traj: types.Trajectory, k: int) -> str:
-  """The observation text after step k: the next step's prompt, or after the last step the prompt it would have
-  had (the code's `next_observation`)."""
+def next_obs_text(traj: types.Trajectory, k: int, fmt=FORMAT) -> str:
+  """The observation text after step k: the next step's prompt, or after the last step the prompt `fmt` (the
+  actor's) would have built (the code's `next_observation`; a text observation's final page is not stored)."""
   if k + 1 < len(traj.steps):
     return traj.steps[k + 1].obs_text
-  return FORMAT.build_prompt(traj.task, None, traj.steps)
+  return fmt.build_prompt(traj.task, None, traj.steps)
 
 
 def returns(traj: types.Trajectory, gamma: float) -> tuple[np.ndarray, np.ndarray]:
@@ -70,8 +71,8 @@ def returns(traj: types.Trajectory, gamma: float) -> tuple[np.ndarray, np.ndarra
   return r, g.astype(np.float32)
 
 
-def step_arrays(trajs: Sequence[types.Trajectory], screens: Sequence[np.ndarray], text_dim: int, gamma: float
-                ) -> dict[str, np.ndarray]:
+def step_arrays(trajs: Sequence[types.Trajectory], screens: Sequence[np.ndarray], text_dim: int, gamma: float,
+                fmt=FORMAT) -> dict[str, np.ndarray]:
   """The step critic's rows, one per step: `text`, `image` and `next_*` of s and s', `reward`, `mc_return`, `label`,
   the trajectory's `final_reward` and `last_step`, and `index` (trajectory, step). `screens[i]`: trajectory i's image features, [T_i + 1, D] (the states, then the
   final screen)."""
@@ -80,7 +81,7 @@ def step_arrays(trajs: Sequence[types.Trajectory], screens: Sequence[np.ndarray]
     r, g = returns(traj, gamma)
     for k, step in enumerate(traj.steps):
       obs.append(step.obs_text)
-      nxt.append(next_obs_text(traj, k))
+      nxt.append(next_obs_text(traj, k, fmt))
       image.append(f[k])
       next_image.append(f[k + 1])
       reward.append(r[k])

@@ -43,13 +43,14 @@ class Data:
         if total >= last:
           break
     arrays = critics.step_arrays(self.trajs[start:], self.screens[start:], int(config.features.text_dim),
-                                 float(config.gamma))
+                                 float(config.gamma), device.actor_format(config))
     arrays["index"][:, 0] += start
     return {k: v[-last:] for k, v in arrays.items()} if 0 < last < len(arrays["index"]) else arrays
 
-  def samples(self, picks, image_dir: str) -> list[dict]:
-    """Training samples of (trajectory i, step k, action, weight) picks, each from its own store."""
-    return device.state_samples(list(self.stores), self.trajs, picks, image_dir)
+  def samples(self, picks, image_dir: str, text: bool = False) -> list[dict]:
+    """Training samples of (trajectory i, step k, action, weight) picks, each from its own store (`text`: the
+    states' prompts alone)."""
+    return device.state_samples(list(self.stores), self.trajs, picks, image_dir, text)
 
 
 def load_store(config, model_dir: str, store_dir: str, cache: str) -> tuple[TrajectoryStore, list[types.Trajectory],
@@ -63,7 +64,10 @@ def load_store(config, model_dir: str, store_dir: str, cache: str) -> tuple[Traj
 def screen_features(config, model_dir: str, store: TrajectoryStore, trajs: Sequence[types.Trajectory],
                     cache: str) -> list[np.ndarray]:
   """[T + 1, D] image features per trajectory (its states, then its final screen), from the vision tower of the
-  VLM in `model_dir` (the IL actor's), cached in `cache` (an .npz) so a resumed run does not encode them again."""
+  VLM in `model_dir` (the IL actor's), cached in `cache` (an .npz) so a resumed run does not encode them again.
+  A text observation has no screen apart from its prompt: [T + 1, 0] (the critics read the page in `text`)."""
+  if device.reads_text(config):
+    return [np.zeros((len(t.steps) + 1, 0), np.float32) for t in trajs]
   if os.path.exists(cache):
     with np.load(cache) as f:
       return [f[str(i)] for i in range(len(trajs))]

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxagent.pipeline import device
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.tasks import success_rate
 from jaxagent.proj.digirl import critics
@@ -75,8 +76,9 @@ def actor_picks(config, data: Data, algorithm: str, keep: np.ndarray, step_criti
                                   int(config.tasks.max_steps))
     rows = rows[w[rows] > 0]
     info["mean_advantage"] = _mean(adv)
+  text = device.reads_text(config)
   picks = [(int(i), int(k), data.trajs[i].steps[k].action_text, 1.0) for i, k in arrays["index"][rows]
-           if data.trajs[i].steps[k].image_path and data.trajs[i].steps[k].action_text]
+           if device.has_state(data.trajs[i].steps[k], text)]
   info["samples"] = len(picks)
   return picks, info
 
