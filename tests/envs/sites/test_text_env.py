@@ -12,6 +12,7 @@ import zlib
 
 import pytest
 
+from jaxagent.agents.autoui_text import AutoUIText
 from jaxagent.agents.webrl import WebRL
 from jaxagent.envs.sites import bench, expert, server
 from jaxagent.envs.sites import tasks as tasks_lib
@@ -107,12 +108,13 @@ def _page_type(url: str, html: str) -> str:
   return "/".join(parts[:2])
 
 
-def lockstep(chrome, text, task, policy, site, seen: set[str]) -> tuple[int, object]:
-  """Plays `policy` (reading Chromium's observations) in both envs at once; returns (steps, trajectory)."""
+def lockstep(chrome, text, task, policy, site, seen: set[str], fmt=FORMAT) -> tuple[int, object]:
+  """Plays `policy` (reading Chromium's observations) in both envs at once, comparing the prompts `fmt` builds;
+  returns (steps, trajectory)."""
   oc, ot = chrome.reset(task), text.reset(task)
   history, steps = [], []
   for k in range(task.max_steps + 1):
-    pt, pc = FORMAT.build_prompt(task, ot, history), FORMAT.build_prompt(task, oc, history)
+    pt, pc = fmt.build_prompt(task, ot, history), fmt.build_prompt(task, oc, history)
     assert pt == pc, (task.id, k, oc.url, _first_diff(pt, pc))
     assert _norm(ot.url) == _norm(oc.url), (task.id, k)
     assert (ot.title, ot.error) == (oc.title, oc.error), (task.id, k)
@@ -124,7 +126,7 @@ def lockstep(chrome, text, task, policy, site, seen: set[str]) -> tuple[int, obj
     if k == task.max_steps:
       break
     action, _ = policy.next_action(oc, history)
-    history.append(Step(step=k, action=action, action_text=_render(action)))
+    history.append(Step(step=k, action=action, action_text=_render(action, fmt)))
     oc, _, done_c, info_c = chrome.step(action)
     ot, _, done_t, info_t = text.step(action)
     assert (done_t, info_t["truncated"], info_t["answer"]) == (done_c, info_c["truncated"], info_c["answer"])
@@ -135,9 +137,9 @@ def lockstep(chrome, text, task, policy, site, seen: set[str]) -> tuple[int, obj
   return len(steps), history
 
 
-def _render(action: Action) -> str:
+def _render(action: Action, fmt=FORMAT) -> str:
   try:
-    return FORMAT.render(action)
+    return fmt.render(action)
   except ValueError:  # an action WebRL cannot write (home): its kind, so the next prompt's history still grows
     return action.kind.value
 
@@ -207,3 +209,44 @@ def test_screen_points_and_other_observers_are_refused(site):
     text.reset(bench.tasks_for("web/test_comb@0/order")[0])
     obs, _, _, info = text.step(Action(ActionKind.CLICK, x=0.5, y=0.5, normalized=True))
     assert info["error"] and obs.error == info["error"]
+
+
+# ------------------------------------------------------------------------------------------------ the phone
+
+PHONE_FORMAT = AutoUIText(max_page_chars=10**6)  # DigiRL's text observation, uncut: every byte compared
+
+
+@pytest.fixture(scope="module")
+def phone(site):
+  with SiteEnv(profile="device", observation="html", oracle_targets=True, base_url=site) as env:
+    yield env
+
+
+def _phone_tasks():
+  """One train task of every phone family of the sites' suite (DigiRL's and Digi-Q's tasks)."""
+  by_template = {}
+  for t in tasks_lib.generate(0)["train"]:
+    if t.profile == "device":
+      by_template.setdefault(t.template, t)
+  return [by_template[k] for k in sorted(by_template)]
+
+
+def test_a_phone_episode_as_text_matches_chromium(phone, site):
+  """DigiRL's `env.observation=html` on the text backend: the prompt at every step is what Chromium's phone shows."""
+  task = next(t for t in _phone_tasks() if t.template == "shop_category_sort")
+  with SiteTextEnv(profile="device", oracle_targets=True, base_url=site) as text:
+    n, history = lockstep(phone, text, task, expert.ScriptedExpert("autoui_text"), site, set(), PHONE_FORMAT)
+  assert n >= 4 and history[-1].action.kind == ActionKind.ANSWER
+
+
+@pytest.mark.slow
+def test_the_phone_as_text_is_chromium_byte_for_byte(phone, site):
+  """Every phone family, by the expert, a noisy expert (its swipes, random taps and early stops) and random
+  actions: the phone's text observation, URL, title, errors, elements and server state as Chromium's."""
+  seen: set[str] = set()
+  with SiteTextEnv(profile="device", oracle_targets=True, base_url=site) as text:
+    for k, task in enumerate(_phone_tasks()):
+      lockstep(phone, text, task, expert.ScriptedExpert("autoui_text"), site, seen, PHONE_FORMAT)
+      lockstep(phone, text, task, expert.NoisyExpert("autoui_text", epsilon=0.4, seed=k), site, seen, PHONE_FORMAT)
+      lockstep(phone, text, task, RandomActions(seed=k), site, seen, PHONE_FORMAT)
+  assert {"shop", "shop/c/X", "shop/p/X", "forum", "forum/t/X", "settings"} <= seen, sorted(seen)
