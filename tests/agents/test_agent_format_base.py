@@ -12,7 +12,7 @@ from jaxagent.agents import format_names, get_format, to_openai_messages
 
 
 def test_registry_names_and_errors():
-  assert format_names() == ["autoui", "openwebvoyager", "openwebvoyager_compact", "webrl", "webvoyager",
+  assert format_names() == ["autoui", "autoui_text", "openwebvoyager", "openwebvoyager_compact", "webrl", "webvoyager",
                             "webvoyager_actree_image", "webvoyager_text"]
   with pytest.raises(KeyError, match="unknown agent format 'nope'; known formats are"):
     get_format("nope")

@@ -19,9 +19,11 @@ _WV = rf"^({re.escape(P.FORMAT_ERROR)}|{re.escape(P.FAIL_OBS_WEBVOYAGER)})$"
 _OWV = rf"^({re.escape(P.FORMAT_ERROR)}|{re.escape(P.FAIL_OBS_OPENWEBVOYAGER)})$"
 _WEBRL = r"^(No action specified: |Invalid action |Invalid element id |KeyError: |AttributeError: |TypeError: )"
 _AUTOUI = r"(Failed to translate action: .*, terminating the environment$|^Action .* Parsing Error: |^Action .* not supported yet\.$)"
+_AUTOUI_TEXT = rf"({_AUTOUI}|^Action .* taps two elements \(\d+ and \d+\); a tap names one$)"
 ERRORS = {"webvoyager": _WV, "webvoyager_text": _WV, "webvoyager_actree_image": _OWV, "openwebvoyager": _OWV,
           "openwebvoyager_compact": _OWV,
-          "webrl": _WEBRL, "webrl_extended": _WEBRL, "autoui": _AUTOUI, "autoui_faithful": _AUTOUI}
+          "webrl": _WEBRL, "webrl_extended": _WEBRL, "autoui": _AUTOUI, "autoui_faithful": _AUTOUI,
+          "autoui_text": _AUTOUI_TEXT}
 
 # Derandomized so CI is reproducible; 1500 random examples per test passed when this was written.
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
@@ -34,7 +36,7 @@ _FRAGMENTS = ["Thought:", "Action:", "Observation:", "Click [", "Click ", "Type 
               "'", ")", ",", "# Element: ", "Click", "Search", "Scroll Up", "Press Enter", "Select Dropdown Option",
               "find_element_by_instruction(instruction=", "lambda: 0", "1e999", "__import__('os')",
               "Action Plan: [", "Action Decision: ", '"action_type": ', '"DUAL_POINT"', '"TYPE"', '"touch_point": ',
-              '"[0.5, 0.5]"', '"lift_point": ', '"typed_text": ', '"STATUS_TASK_COMPLETE"', '"TASK_IMPOSSIBLE"',
+              '"[0.5, 0.5]"', '"id=3"', '"id=12"', '"lift_point": ', '"typed_text": ', '"STATUS_TASK_COMPLETE"', '"TASK_IMPOSSIBLE"',
               ", ", "nan", "-1.0", "<|eot_id|>", "\x00", "é", "\u2028"]
 near_miss = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=5)), max_size=14).map("".join)
 

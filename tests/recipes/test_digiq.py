@@ -257,3 +257,13 @@ def test_train_c_is_the_benchmarks_alone_naming_the_key():
   config.behaviour.splits, config.demos.split = "train_b", "train_c"
   with pytest.raises(ConfigError, match=r"config\.demos\.split='train_c' names train_c, a part of the benchmark only"):
     digiq.check_config(config)
+
+
+def test_the_text_observation_is_refused_naming_the_key():
+  """Digi-Q's representation answers whether an action changes the screen's pixels: the screenshot only."""
+  config = digiq_config.get_config("smoke")
+  assert config.env.observation == "screenshot"
+  digiq.check_config(config)
+  config.env.observation = "html"
+  with pytest.raises(ConfigError, match=r"config\.env\.observation='html'.*--config\.env\.observation=screenshot"):
+    digiq.check_config(config)

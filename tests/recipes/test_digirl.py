@@ -256,3 +256,72 @@ def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tm
   acting.assert_cli_acts_as_the_recipe(monkeypatch, tmp_path, config,
                                        acting.recipe_evaluation_of(monkeypatch, digirl, name, workdir), name, actor,
                                        digirl.test_episodes(config, workdir))
+
+
+# ------------------------------------------------------------------------------ the screen as text
+
+
+def test_the_screenshot_stays_the_default_and_the_papers_path():
+  for config in (_config(""), _config("paper")):
+    assert config.env.observation == "screenshot" and config.model.kind == "vlm"
+  with pytest.raises(ValueError, match="paper.*text=1"):
+    _config("paper,text=1")
+
+
+def test_the_text_observation_validates_with_a_text_decoder():
+  for arg in ("text=1", "smoke,text=1"):
+    config = _config(arg)
+    assert (config.env.observation, config.env.browser, config.model.kind) == ("html", "text", "decoder")
+    validate(config, digirl.CHOICES, {})
+    digirl.check_config(config)
+    assert device.actor_format(config).max_page_chars == config.data.page_chars
+  config = _config("smoke,text=1")
+  config.env.browser = "chromium"  # the reference renderer serves the same text
+  digirl.check_config(config)
+
+
+def test_a_bad_observation_is_refused_naming_the_key():
+  config = _config()
+  config.env.observation = "pixels"
+  with pytest.raises(ConfigError, match=r"config\.env\.observation='pixels'.*screenshot.*html"):
+    validate(config, digirl.CHOICES, {})
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("model.kind", "vlm", r"config\.model\.kind='vlm'.*--config\.model\.kind=decoder"),
+    ("judge.kind", "llm", r"config\.judge\.kind='llm'.*screenshots"),
+    ("env.observation", "screenshot", r"config\.model\.kind='decoder'.*--config\.env\.observation=html"),
+])
+def test_the_keys_the_text_observation_binds_are_checked_before_any_work(key, value, match):
+  config = _config("smoke,text=1")
+  section, _, leaf = key.rpartition(".")
+  config[section][leaf] = value
+  with pytest.raises(ConfigError, match=match):
+    digirl.check_config(config)
+
+
+def test_the_text_backend_with_a_screenshot_is_refused():
+  config = _config("smoke")
+  config.env.browser = "text"
+  with pytest.raises(ConfigError, match=r"config\.env\.browser='text'.*config\.env\.observation='screenshot'"):
+    digirl.check_config(config)
+
+
+@pytest.mark.slow
+def test_digirl_runs_end_to_end_on_the_screen_as_text(tmp_path):
+  """`configs/digirl.py:smoke,text=1`: a text decoder through every stage on the text backend, its prompts the
+  phone's page and AutoUI's goal, its samples text alone."""
+  config = _config("smoke,text=1")
+  workdir = str(tmp_path)
+  results = digirl.run(config, workdir)
+  assert set(results) == {"il", "filtered_bc", "digirl_offline", "digirl_off2on"}
+  with open(os.path.join(workdir, "il", "agent.json")) as f:
+    assert json.load(f)["format"] == "autoui_text"
+  trajs = device.read_store(workdir, "offline_data", "store")[1]
+  step = trajs[0].steps[0]
+  assert step.obs_text.startswith("Screen: <html>") and "Goal: " in step.obs_text and not step.image_path
+  demos = device.demo_samples(workdir, text=True)
+  assert demos and all(not d["images"] and "<image>" not in d["conversations"][0]["value"] for d in demos)
+  assert any("id=" in d["conversations"][1]["value"] for d in demos)  # the expert's taps name elements
+  data = digirl.offline_data(config, workdir)
+  assert data.screens[0].shape[1] == 0  # the critics read the page in the prompt's bag of words
