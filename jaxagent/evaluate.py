@@ -39,7 +39,7 @@ from jaxagent import types
 PROFILE_FORMAT = {"device": "autoui", "web": "webvoyager", "text": "webrl", "miniwob": "webvoyager"}
 OBSERVATION = {"autoui": "screenshot", "webvoyager": "som", "webvoyager_text": "a11y",
                "webvoyager_actree_image": "a11y", "openwebvoyager": "a11y", "openwebvoyager_compact": "a11y",
-               "webrl": "html"}
+               "webrl": "html", "autoui_text": "html"}  # autoui_text: DigiRL's phone read as text
 
 
 @dataclasses.dataclass
