@@ -25,7 +25,8 @@ Keys a researcher changes first:
              64-px screenshot's text is about a pixel tall; with env.browser=text it is served without a browser. The
              prompt and actions stay AutoUI's, a tap naming the page's element (`agents/autoui_text.py`); the critics
              read the page in the prompt's bag of words. `data.page_chars` cuts the page. Digi-Q refuses it.
-             `configs/digirl.py:text=1` (or `:smoke,text=1`) sets all four (docs/results/digirl.md#text-observation)
+             `configs/digirl.py:text=1` (or `:smoke,text=1`) sets it with env.browser=text, model.kind=decoder and
+             a data.seq_len that fits the page (docs/results/digirl.md#text-observation)
   capacity   the code's replay buffer size (2000, a FIFO over transitions): the step critic's replay and each
              actor's filtered buffer hold the newest `capacity` transitions of their trajectories in the order
              they came (offline, then each online round); 0 = unbounded, every transition (the cap's ablation)

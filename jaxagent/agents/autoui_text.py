@@ -32,7 +32,8 @@ _ELEMENT_TAP = re.compile(r'"touch_point": "id=(\d+)", "lift_point": "id=(\d+)"'
 
 def element_tap(index: int) -> str:
   """The decision of a tap on element `index`."""
-  return autoui._decision("DUAL_POINT", f'"touch_point": "id={index}", "lift_point": "id={index}"')  # pylint: disable=protected-access
+  points = f'"touch_point": "id={index}", "lift_point": "id={index}"'
+  return autoui._decision("DUAL_POINT", points)  # pylint: disable=protected-access
 
 
 def _is_element_tap(action: Action) -> bool:

@@ -7,7 +7,8 @@ from jaxagent.agents import autoui, get_format, spec
 from jaxagent.agents.autoui_text import AutoUIText, element_tap
 from jaxagent.types import Action, ActionKind, Observation, Step
 
-PAGE = '<html> <body> <a id="0" href="/s/x/shop/" data-bbox="1,2,3,4"> Shop </a> <button id="1"> Go </button> </body> </html>'
+PAGE = ('<html> <body> <a id="0" href="/s/x/shop/" data-bbox="1,2,3,4"> Shop </a> <button id="1"> Go </button> '
+        '</body> </html>')
 
 
 @pytest.mark.parametrize("action", [

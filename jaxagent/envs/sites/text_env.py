@@ -5,9 +5,9 @@ the same state. The env does what Chromium does with the sites' script-free page
 follows redirects, keeps the back/forward history and the controls' live values, submits forms as the HTML spec
 serialises them (implicit submission on Enter included), and renders each page through `textpage.Page`, which
 reproduces `js/html.js` byte for byte but for `data-bbox`. Actions name elements by their html id; scrolling
-(the phone's: a swipe), hovering and waiting change nothing a text agent sees. `BrowserEnv`'s rules hold: a failed action feeds back
-`FAIL_OBS`, typing into a non-text box warns, `back` never leaves the first page, navigation stays on the
-server's origin.
+(the phone's: a swipe), hovering and waiting change nothing a text agent sees. `BrowserEnv`'s rules hold: a failed
+action feeds back `FAIL_OBS`, typing into a non-text box warns, `back` never leaves the first page, navigation
+stays on the server's origin.
 
 Parity with Chromium (prompts and server state, step by step) is tested in `tests/envs/sites/test_text_env.py`.
 """
