@@ -192,7 +192,7 @@ def get_config(arg=None):
     c.data.tokenizer = ""  # the checkpoint's own
     c.data.seq_len = 4096
     # packed rows of up to 4,096 tokens: attention in tiles, each block recomputed in the backward (2 x 4,096
-    # tokens, full fine-tuning: 5.6 GiB by the compiled step, docs/results/performance.md#long-context)
+    # tokens, full fine-tuning: 6.5 GiB by the compiled step, docs/results/performance.md#long-context)
     c.model.update(attention="flash", remat="full")
     c.sft.update(config_lib.stage(steps=200, batch_size=2, lr=5e-5))
     c.sft.warmup.steps = c.orm.warmup.steps = 0  # a pretrained model reads already
