@@ -271,16 +271,16 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
 FLASH_BLOCK = 512
 
 
-def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SelfMask, block: int = FLASH_BLOCK) -> jax.Array:
-  """`dot_product_attention` over the input itself (no cache), in [block x block] tiles with an online softmax
-  (FlashAttention-2, Dao 2023, arXiv:2307.08691): the forward keeps only the output and each row's log-sum-exp,
-  and the backward recomputes each tile's probabilities from them, so no T x T array is kept or built at once and
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SelfMask, block: int | None = None) -> jax.Array:
+  """`dot_product_attention` over the input itself (no cache), in [block x block] tiles (default `FLASH_BLOCK`) with
+  an online softmax (FlashAttention-2, Dao 2023, arXiv:2307.08691): the forward keeps only the output and each
+  row's log-sum-exp, and the backward recomputes each tile's probabilities from them, so no T x T array is kept or built at once and
   memory grows linearly with T. Tiles above the diagonal, all masked, are skipped. Equal to
   `dot_product_attention` within float32 rounding, values and gradients, on every row with a visible key (a row
   with none, padding, averages a prefix of the values instead of all of them)."""
   b, t, h, d = q.shape
   kv_heads = k.shape[2]
-  size = min(block, t)
+  size = min(block or FLASH_BLOCK, t)
   padded = -(-t // size) * size
   pad = lambda x: jnp.pad(x, ((0, 0), (0, padded - t), (0, 0), (0, 0)))
   qh = pad(q).reshape(b, padded, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
