@@ -52,7 +52,8 @@ Keys a researcher changes first:
 
 Variants (`configs/webrl.py:<name>`):
   smoke   a handful of episodes and steps per stage: the end-to-end test (`tests/recipes/test_webrl.py`).
-  smollm  SmolLM2-135M-Instruct (real pretrained weights, offline) as the policy, ORM and critic trunk.
+  smollm  SmolLM2-135M-Instruct (real pretrained weights, offline) as the policy, ORM and critic trunk; packed rows
+          of up to 4,096 tokens under `model.attention=flash` and `model.remat=full`.
   bench   the sites benchmark's text profile (`docs/benchmark.md`), fixed before any run on it: every text family
           at perturbation level 2; demonstrations from train_a, the ORM's episodes from train_b, the curriculum's
           pool train_c, mutated along the tier axis; every headline intent (210) and the negative control's 8
@@ -92,6 +93,10 @@ def get_config(arg=None):
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0
   c.data.num_threads = 2
+  # how SFT-style stages batch their samples: auto (several samples a row, `data/packing.py`, where the loss is
+  # token-level and the model a text decoder: the SFT, ORM and warm-ups; the actor's per-sample losses pad) |
+  # pack (refused where it cannot) | pad (one sample a row, padded to the longest)
+  c.data.packing = "auto"
 
   c.tasks = ml_collections.ConfigDict(dict(seed=0, templates="shop_category_order", max_steps=6, suite="sites",
                                            level=2))
@@ -186,6 +191,9 @@ def get_config(arg=None):
     c.model.hf_checkpoint = "smollm2"
     c.data.tokenizer = ""  # the checkpoint's own
     c.data.seq_len = 4096
+    # packed rows of up to 4,096 tokens: attention in tiles, each block recomputed in the backward (2 x 4,096
+    # tokens, full fine-tuning: 6.5 GiB by the compiled step, docs/results/performance.md#long-context)
+    c.model.update(attention="flash", remat="full")
     c.sft.update(config_lib.stage(steps=200, batch_size=2, lr=5e-5))
     c.sft.warmup.steps = c.orm.warmup.steps = 0  # a pretrained model reads already
     c.orm.update(config_lib.stage(steps=100, batch_size=2, lr=5e-5))

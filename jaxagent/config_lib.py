@@ -114,9 +114,10 @@ def vlm_model() -> ml_collections.ConfigDict:
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer). `dtype` (compute) and `param_dtype` (storage): float32 | bfloat16 | float16, for every tower of
   every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch
-  (`models.layers.REMAT_POLICIES`: memory for recomputation); `attention`: xla | cudnn, the kernel of a
-  Llama-family decoder's training and scoring attention (cudnn: cuDNN's fused flash attention, GPU and bf16/fp16
-  only; decoding always takes xla). A `:paper` variant's 7-8B model trains in bfloat16
+  (`models.layers.REMAT_POLICIES`: memory for recomputation); `attention`: xla | flash | cudnn, the kernel of
+  a Llama-family decoder's training and scoring attention (flash: blockwise, memory linear in the sequence length,
+  any backend, for long sequences; cudnn: cuDNN's fused flash attention, GPU and bf16/fp16 only; decoding always
+  takes xla). A `:paper` variant's 7-8B model trains in bfloat16
   with remat on an accelerator. `lora`: low-rank adapters (`models.lora`), `rank` 0 = off (full fine-tuning),
   else only the adapters train, scaled by `alpha / rank`, on the comma-separated `targets` (default the language
   decoder's attention and MLP projections; `models.LORA_TARGETS` lists every name); exports merge them in.

@@ -17,11 +17,17 @@ from typing import Sequence
 import numpy as np
 
 FIELDS = ("input_ids", "targets", "loss_mask", "segment_ids")
+# `config.data.packing`, how a fine-tuning stage batches its samples (`pipeline.finetune`): "pack" (rows of several
+# samples, here), "pad" (one sample a row, padded to the longest), "auto" (pack where the model and loss allow)
+PACKING = ("auto", "pack", "pad")
 
 
-def pack(samples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+def pack(samples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int = 0,
+         scalars: dict[str, Sequence[float]] | None = None) -> dict[str, np.ndarray]:
   """`samples` (token ids, per-token loss flags) packed into rows of `seq_len` next-token pairs. A sample longer
-  than `seq_len + 1` tokens is cut to its first `seq_len + 1` (the caller sizes `seq_len` so that none is)."""
+  than `seq_len + 1` tokens is cut to its first `seq_len + 1` (the caller sizes `seq_len` so that none is).
+  `scalars` (name -> one value per sample, e.g. a loss weight) become float32 [N, seq_len] fields holding each
+  sample's value on its own tokens (0 on padding), since a row no longer is one sample."""
   if seq_len < 1:
     raise ValueError(f"pack: seq_len={seq_len} must be >= 1")
   lengths = [min(len(ids), seq_len + 1) - 1 for ids, _ in samples]
@@ -43,6 +49,11 @@ def pack(samples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id:
          "targets": np.full((len(rows), seq_len), pad_id, np.int32),
          "loss_mask": np.zeros((len(rows), seq_len), np.int32),
          "segment_ids": np.zeros((len(rows), seq_len), np.int32)}
+  scalars = dict(scalars or {})
+  for name, values in scalars.items():
+    if len(values) != len(samples):
+      raise ValueError(f"pack: scalars[{name!r}] has {len(values)} values for {len(samples)} samples")
+    out[name] = np.zeros((len(rows), seq_len), np.float32)
   for r, members in enumerate(rows):
     at = 0
     for segment, k in enumerate(members, start=1):
@@ -52,6 +63,8 @@ def pack(samples: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id:
       out["targets"][r, at:at + n] = ids[1:n + 1]
       out["loss_mask"][r, at:at + n] = loss[1:n + 1]
       out["segment_ids"][r, at:at + n] = segment
+      for name, values in scalars.items():
+        out[name][r, at:at + n] = values[k]
       at += n
   return out
 

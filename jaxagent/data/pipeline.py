@@ -15,7 +15,7 @@ import grain
 import jax
 import numpy as np
 
-from jaxagent.data import conversation
+from jaxagent.data import conversation, packing
 from jaxagent.models import qwen_vl
 
 # Per-sample scalars a sample may carry into its batch: a loss weight (weighted regression), and WebRL's
@@ -124,6 +124,15 @@ def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed
   if n_proc > 1:
     ds = ds[proc::n_proc]
   return ds
+
+
+def pack_samples(items: list[dict], tokenizer, seq_len: int) -> dict[str, np.ndarray]:
+  """Text samples tokenised and packed best-fit into rows of `seq_len` next-token pairs (`data.packing`), a
+  sample's `weight` spread over its tokens: the arrays `rows_dataset` batches."""
+  samples = [conversation.tokenize(item, tokenizer, 1) for item in items]
+  scalars = {"weight": [float(x.get("weight", 1.0)) for x in items]} if any("weight" in x for x in items) else None
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  return packing.pack(samples, seq_len, int(pad), scalars)
 
 
 def read_options(num_threads: int = 2, prefetch: int = 16) -> grain.ReadOptions:

@@ -16,7 +16,7 @@ from jaxagent.tokens import IMAGE_TOKEN
 MODEL_KINDS = ("vlm", "decoder", "autoui")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT = ("none", "full", "dots", "dots_no_batch")  # `layers.REMAT_POLICIES`, named here without importing JAX
-ATTENTION = ("xla", "cudnn")  # `layers.ATTENTION_IMPLS`
+ATTENTION = ("xla", "flash", "cudnn")  # `layers.ATTENTION_IMPLS`
 # `lora.TARGETS` and `lora.DEFAULT_TARGETS`, named here without importing JAX: the language decoder's attention
 # and MLP projections, LLaVA's projector, the ViT tower's attention and MLP
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "linear_1", "linear_2",
@@ -39,17 +39,17 @@ def precision(mcfg) -> dict:
 def attention(mcfg) -> str:
   """`config.model.attention`: the kernel a Llama-family decoder's training and scoring pass uses for attention
   ("xla" for a config written before the key existed); a bad value or combination is a ValueError naming the
-  key. "cudnn" (cuDNN's fused flash attention) needs bfloat16 or float16 compute and a GPU, checked at build."""
+  key. "flash" (`layers.flash_attention`: memory linear in the sequence length) runs anywhere; "cudnn" (cuDNN's
+  fused flash attention) needs bfloat16 or float16 compute and a GPU, checked at build."""
   value = mcfg.get("attention", "xla")
   if value not in ATTENTION:
     raise ValueError(f"config.model.attention={value!r} is not one of {ATTENTION}; set --config.model.attention=xla")
-  if value == "cudnn":
-    if mcfg.get("dtype", "float32") not in ("bfloat16", "float16"):
-      raise ValueError(f"config.model.attention='cudnn' computes in bfloat16 or float16 but config.model.dtype="
-                       f"{mcfg.get('dtype', 'float32')!r}; set --config.model.dtype=bfloat16 (or attention=xla)")
-    if mcfg.get("kind") == "autoui" or (mcfg.get("hf_checkpoint") and mcfg.get("kind") == "vlm"):
-      raise ValueError("config.model.attention='cudnn' is wired for Llama-family decoders (model.kind=decoder, and "
-                       "the tiny VLM's language model), not for this model; set --config.model.attention=xla")
+  if value == "cudnn" and mcfg.get("dtype", "float32") not in ("bfloat16", "float16"):
+    raise ValueError(f"config.model.attention='cudnn' computes in bfloat16 or float16 but config.model.dtype="
+                     f"{mcfg.get('dtype', 'float32')!r}; set --config.model.dtype=bfloat16 (or attention=xla)")
+  if value != "xla" and (mcfg.get("kind") == "autoui" or (mcfg.get("hf_checkpoint") and mcfg.get("kind") == "vlm")):
+    raise ValueError(f"config.model.attention={value!r} is wired for Llama-family decoders (model.kind=decoder, "
+                     "and the tiny VLM's language model), not for this model; set --config.model.attention=xla")
   return value
 
 

@@ -7,6 +7,8 @@ tensor-parallel split falls on whole heads and the HF mapping is a reshape + tra
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -170,9 +172,11 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 def attention_mask(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
                    q_positions: jax.Array | None = None, k_positions: jax.Array | None = None,
-                   sliding_window: int | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
+                   sliding_window: int | None = None, segment_ids: jax.Array | None = None,
+                   k_segment_ids: jax.Array | None = None) -> jax.Array:
   """Boolean mask [B, 1, T, S]: causal in slot order, only valid keys, optionally a sliding window and, for packed
-  rows (`segment_ids` [B, T] over the input itself), only keys of the query's own segment.
+  rows (`segment_ids` [B, T] of the queries, `k_segment_ids` [B, S] of the keys, by default the same: the input
+  itself), only keys of the query's own segment.
 
   Slots are indices into the key sequence (the cache, or the input itself); positions are RoPE
   positions, used for the window so that padding holes do not count against it. A key is inside the
@@ -182,8 +186,40 @@ def attention_mask(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
   if sliding_window is not None:
     mask &= (q_positions[:, :, None] - k_positions[:, None, :]) < sliding_window
   if segment_ids is not None:
-    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    k_segment_ids = segment_ids if k_segment_ids is None else k_segment_ids
+    mask &= segment_ids[:, :, None] == k_segment_ids[:, None, :]
   return mask[:, None]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SelfMask:
+  """The mask of attention over the input itself (no cache), kept as per-token vectors [B, T]: `dense()` is
+  `attention_mask`'s [B, 1, T, T]; `block(q0, k0, size)` is one [B, size, size] tile of it, what a blockwise
+  kernel builds so that no T x T array exists at once."""
+  valid: jax.Array  # a real token (keys that are not may not be attended to)
+  positions: jax.Array  # RoPE positions, for the sliding window
+  segment_ids: jax.Array | None = None  # packed rows: attention stays within a segment
+  sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+  def dense(self) -> jax.Array:
+    slots = jnp.broadcast_to(jnp.arange(self.valid.shape[1], dtype=jnp.int32), self.valid.shape)
+    return attention_mask(slots, slots, self.valid, self.positions, self.positions, self.sliding_window,
+                          self.segment_ids)
+
+  def block(self, q0: jax.Array, k0: jax.Array, size: int) -> jax.Array:
+    """Rows [q0, q0 + size) x columns [k0, k0 + size) of `dense()[:, 0]`, for traced offsets."""
+    take = lambda x, at: jax.lax.dynamic_slice_in_dim(x, at, size, axis=1)
+    q_slots = jnp.broadcast_to(q0 + jnp.arange(size, dtype=jnp.int32), (self.valid.shape[0], size))
+    k_slots = jnp.broadcast_to(k0 + jnp.arange(size, dtype=jnp.int32), (self.valid.shape[0], size))
+    segments = (None, None) if self.segment_ids is None else (take(self.segment_ids, q0), take(self.segment_ids, k0))
+    return attention_mask(q_slots, k_slots, take(self.valid, k0), take(self.positions, q0),
+                          take(self.positions, k0), self.sliding_window, *segments)[:, 0]
+
+  def padded(self, length: int) -> "SelfMask":
+    """The same mask over `length` >= T tokens, the added ones invalid (and in segment 0, no sample's)."""
+    pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
+    return SelfMask(pad(self.valid), pad(self.positions), pad(self.segment_ids), self.sliding_window)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
@@ -230,11 +266,117 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   return jnp.concatenate(outs, axis=1)
 
 
+# Query and key rows of one `flash_attention` tile: its scores are [B, K, G, 512, 512] float32 (SmolLM2's 9 heads
+# at batch 2: 18 MiB) at any sequence length.
+FLASH_BLOCK = 512
+
+
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SelfMask, block: int | None = None) -> jax.Array:
+  """`dot_product_attention` over the input itself (no cache), in [block x block] tiles (default `FLASH_BLOCK`) with
+  an online softmax (FlashAttention-2, Dao 2023, arXiv:2307.08691): the forward keeps only the output and each
+  row's log-sum-exp, and the backward recomputes each tile's probabilities from them, so no T x T array is kept or built at once and
+  memory grows linearly with T. Tiles above the diagonal, all masked, are skipped. Equal to
+  `dot_product_attention` within float32 rounding, values and gradients, on every row with a visible key (a row
+  with none, padding, averages a prefix of the values instead of all of them)."""
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  size = min(block or FLASH_BLOCK, t)
+  padded = -(-t // size) * size
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, padded - t), (0, 0), (0, 0)))
+  qh = pad(q).reshape(b, padded, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+  kh, vh = pad(k).transpose(0, 2, 1, 3), pad(v).transpose(0, 2, 1, 3)  # [B, K, T, D]
+  out = _flash(qh, kh, vh, mask.padded(padded), size)
+  return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _tile_scores(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
+  """Scaled float32 scores of one tile, q [B, K, G, n, D] x k [B, K, n, D], masked entries at _NEG_INF."""
+  scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+  return jnp.where(mask[:, None, None], scores, _NEG_INF)
+
+
+def _flash_forward(q, k, v, mask: SelfMask, size: int):
+  """(out [B, K, G, T, D] in q's dtype, log-sum-exp [B, K, G, T] float32): query tiles one after another, each
+  over the key tiles up to its own."""
+  f32 = jnp.float32
+
+  def query_tile(i):
+    q_i = jax.lax.dynamic_slice_in_dim(q, i * size, size, axis=3)
+
+    def key_tile(j, carry):
+      m, l, acc = carry
+      k_j, v_j = (jax.lax.dynamic_slice_in_dim(x, j * size, size, axis=2) for x in (k, v))
+      s = _tile_scores(q_i, k_j, mask.block(i * size, j * size, size))
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.exp(s - m_new[..., None])
+      corr = jnp.exp(m - m_new)
+      acc = acc * corr[..., None] + jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), v_j,
+                                               preferred_element_type=f32)
+      return m_new, l * corr + p.sum(-1), acc
+
+    shape = q_i.shape[:-1]
+    m, l, acc = jax.lax.fori_loop(0, i + 1, key_tile, (jnp.full(shape, _NEG_INF, f32), jnp.zeros(shape, f32),
+                                                       jnp.zeros(q_i.shape, f32)))
+    return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
+
+  out, lse = jax.lax.map(query_tile, jnp.arange(q.shape[3] // size))  # [n, B, K, G, size, ...]
+  return (jnp.moveaxis(out, 0, 3).reshape(q.shape), jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1]))
+
+
+def _flash_backward(q, k, v, mask: SelfMask, out, lse, g, size: int):
+  """(dq, dk, dv) of `_flash_forward`: key tiles one after another, each over the query tiles from its own on,
+  every tile's probabilities recomputed from `lse` (FlashAttention-2's backward)."""
+  f32, scale = jnp.float32, 1.0 / math.sqrt(q.shape[-1])
+  delta = jnp.sum(g.astype(f32) * out.astype(f32), -1)  # [B, K, G, T]: rowsum(dO * O)
+  rows = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=3)
+
+  def key_tile(dq, j):
+    k_j, v_j = (jax.lax.dynamic_slice_in_dim(x, j * size, size, axis=2) for x in (k, v))
+
+    def query_tile(i, carry):
+      dq, dk_j, dv_j = carry
+      q_i, g_i, lse_i, delta_i = rows(q, i), rows(g, i), rows(lse, i), rows(delta, i)
+      p = jnp.exp(_tile_scores(q_i, k_j, mask.block(i * size, j * size, size)) - lse_i[..., None])
+      dv_j += jnp.einsum("bkgts,bkgtd->bksd", p.astype(g.dtype), g_i, preferred_element_type=f32)
+      dp = jnp.einsum("bkgtd,bksd->bkgts", g_i, v_j, preferred_element_type=f32)
+      ds = p * (dp - delta_i[..., None]) * scale
+      dk_j += jnp.einsum("bkgts,bkgtd->bksd", ds.astype(q.dtype), q_i, preferred_element_type=f32)
+      dq_i = rows(dq, i) + jnp.einsum("bkgts,bksd->bkgtd", ds.astype(k.dtype), k_j, preferred_element_type=f32)
+      return jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * size, axis=3), dk_j, dv_j
+
+    zeros = jnp.zeros(k_j.shape, f32)
+    dq, dk_j, dv_j = jax.lax.fori_loop(j, q.shape[3] // size, query_tile, (dq, zeros, zeros))
+    return dq, (dk_j, dv_j)
+
+  dq, (dk, dv) = jax.lax.scan(key_tile, jnp.zeros(q.shape, f32), jnp.arange(k.shape[2] // size))
+  joined = lambda x: jnp.moveaxis(x, 0, 2).reshape(k.shape)  # [n, B, K, size, D] -> [B, K, S, D]
+  return dq.astype(q.dtype), joined(dk).astype(k.dtype), joined(dv).astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, mask: SelfMask, size: int):
+  return _flash_forward(q, k, v, mask, size)[0]
+
+
+def _flash_fwd(q, k, v, mask, size):
+  out, lse = _flash_forward(q, k, v, mask, size)
+  return out, (q, k, v, mask, out, lse)
+
+
+def _flash_bwd(size, residuals, g):
+  q, k, v, mask, out, lse = residuals
+  return (*_flash_backward(q, k, v, mask, out, lse, g, size), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
 # How a decoder's training and scoring forward pass computes attention (`config.model.attention`): "xla" is
-# `causal_block_attention` above; "cudnn" is cuDNN's fused flash-attention kernel through
+# `causal_block_attention` above; "flash" is `flash_attention` above (memory linear in the sequence length: the
+# long-context training path, on any backend); "cudnn" is cuDNN's fused flash-attention kernel through
 # `jax.nn.dot_product_attention` (GPU only, bf16/fp16), ~5x faster forward + backward on an H200 at 1B scale
 # (benchmarks/accelerator.py). Decoding with a KV cache always takes the XLA path.
-ATTENTION_IMPLS = ("xla", "cudnn")
+ATTENTION_IMPLS = ("xla", "flash", "cudnn")
 
 
 def fused_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -268,6 +410,45 @@ def remat_name(remat: str | bool | None) -> str:
 
 
 def remat(fn, policy: str | bool | None):
-  """`fn` under `nnx.remat` with the named policy (`REMAT_POLICIES`); `fn` itself for "none"."""
+  """`fn(module, *args)` under `jax.checkpoint` with the named policy (`REMAT_POLICIES`); `fn` itself for "none".
+
+  The module enters as its state, merged inside: `nnx.remat` would write the traced parameters back into the
+  module's variables, which a train step that differentiates only some of them (LoRA's adapters, the rest
+  closed over) refuses as a mutation from another trace level."""
   name = remat_name(policy)
-  return fn if name == "none" else nnx.remat(fn, policy=REMAT_POLICIES[name])
+  if name == "none":
+    return fn
+
+  def wrapped(module, *args):
+    graphdef, state = nnx.split(module)
+    pure = lambda state, *args: fn(nnx.merge(graphdef, state), *args)
+    return _recompute_late(jax.checkpoint(pure, policy=REMAT_POLICIES[name]), state, *args)
+
+  return wrapped
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _recompute_late(f, *args):
+  """`f(*args)`, whose backward starts only once its output's cotangent exists. XLA:CPU's scheduler otherwise
+  runs every block's recomputation as soon as the block's inputs exist, early in the backward pass, so that all
+  of them are alive together and remat saves almost nothing (a 30-layer SmolLM2 step at 2 x 4096 tokens: 19.0
+  GB of temporaries with remat=full, 20.4 without; docs/results/performance.md, "Long context")."""
+  return f(*args)
+
+
+def _recompute_late_fwd(f, *args):
+  return jax.vjp(f, *args)  # the output, and the backward with what the remat policy saved
+
+
+def _recompute_late_bwd(f, backward, cotangent):
+  """`backward(cotangent)` with every float residual plus a zero computed from the cotangent: the recomputation
+  then waits for it, and XLA cannot merge it with the forward's identical ops (XLA:CPU drops the optimization
+  barriers `jax.checkpoint` places against that before its CSE pass)."""
+  del f
+  leaf = next(x for x in jax.tree.leaves(cotangent) if jnp.issubdtype(x.dtype, jnp.floating))
+  zero = leaf.reshape(-1)[0].astype(jnp.float32) * 0.0  # NaN only where the gradient would be NaN anyway
+  shift = lambda r: r + zero.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.floating) else r
+  return jax.tree.map(shift, backward)(cotangent)
+
+
+_recompute_late.defvjp(_recompute_late_fwd, _recompute_late_bwd)

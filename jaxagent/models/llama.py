@@ -230,12 +230,15 @@ class Attention(nnx.Module):
       k_cache, v_cache = kv
       k, v = write_slots(k_cache, k.astype(k_cache.dtype), index), write_slots(v_cache, v.astype(v_cache.dtype), index)
       kv = (k, v)
-    if kv is None and self.attention != "xla":
-      out = layers.fused_causal_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn(), self.attention)
-    elif kv is None:
-      out = layers.causal_block_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    if kv is not None:  # mask_fn: the [B, 1, T, L] mask over the cache
+      out = layers.dot_product_attention(q, k, v, mask_fn())
+    elif self.attention == "flash":  # mask_fn: a `layers.SelfMask`, kept as vectors
+      out = layers.flash_attention(q, k, v, mask_fn())
+    elif self.attention == "xla":
+      out = layers.causal_block_attention(q, k, v, mask_fn().dense())
     else:
-      out = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask_fn())
+      out = layers.fused_causal_attention(q, k, v, mask_fn().dense(), self.attention)
     return self.o_proj(layers.shard_heads(out)), kv
 
 
@@ -339,8 +342,7 @@ class Decoder(nnx.Module):
     q_slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
     if cache is None:
-      mask_fn = lambda: layers.attention_mask(q_slots, q_slots, mask, positions, positions, cfg.sliding_window,
-                                              segment_ids)
+      mask_fn = lambda: layers.SelfMask(mask, positions, segment_ids, cfg.sliding_window)
       index = None
     else:
       index = cache.index

@@ -12,6 +12,7 @@ import copy
 import os
 from typing import Mapping, Sequence
 
+from jaxagent.data.packing import PACKING
 from jaxagent.models import attention, lora_settings, precision
 
 PATH_KEYS = ("hf_checkpoint", "tokenizer", "path", "released_dir")  # config keys (last component) naming a local path
@@ -111,6 +112,9 @@ def validate(config, choices: Mapping[str, Sequence[str]] = (), lists: Mapping[s
       raise ConfigError(f"config.{key}={_get(config, key)!r}: name one or more of {tuple(allowed)}, "
                         "comma-separated")
   _check_precision(config.get("model"))
+  data = config.get("data")
+  if data is not None and hasattr(data, "get") and data.get("packing", "auto") not in PACKING:
+    raise ConfigError(f"config.data.packing={data.packing!r} is not one of {PACKING}; set --config.data.packing=auto")
   if config.get("tasks") is not None and "suite" in config.tasks:
     check_tasks(config.tasks)
   env = config.get("env")

@@ -22,12 +22,12 @@ from flax import nnx
 from jaxagent import models
 from jaxagent.agents import spec as agent_spec
 from jaxagent.agents.base import AgentFormat
-from jaxagent.data import conversation, pipeline, seq2seq
+from jaxagent.data import conversation, packing, pipeline, seq2seq
 from jaxagent.data.tokenizer import load_tokenizer
 from jaxagent.pipeline.stages import write_text
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.train import loop
-from jaxagent.train.losses import weighted_token_nll
+from jaxagent.train.losses import TOKEN_LEVEL, weighted_token_nll
 from jaxagent.train.step import LossFn
 
 
@@ -80,8 +80,10 @@ def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | No
   `config.train.steps`; returns the final checkpoint's path.
 
   A fresh run starts from the policy at `init_from` (a training workdir or a HF directory), with its tokenizer,
-  else from `config.model.hf_checkpoint`'s weights, else from random init. Batches are padded to the longest sample
-  (rounded up to `pad_to`), not to `data.seq_len`: no step pays for attention over padding. A sample longer than
+  else from `config.model.hf_checkpoint`'s weights, else from random init. Rows are as long as the longest
+  sample (rounded up to `pad_to`), not `data.seq_len`, and a text decoder under a token-level loss packs several
+  samples into each (`config.data.packing`, `_packs`): a batch is then `train.batch_size` rows of one or more
+  samples, and no step pays for padding. A sample longer than
   `data.seq_len` is refused rather than cut, since a cut reply would teach the model unparsable outputs;
   `truncate=True` cuts it at `data.seq_len` instead (plain SFT on given conversations, as Megatron's
   `seq_length` does in OpenWebVoyager's training). `agent`: the format an actor's samples were built with,
@@ -105,7 +107,11 @@ def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | No
                                        int(config.data.seq_len), pad_to, truncate)
   else:
     encode = _encode_decoder_only(config, built, tokenizer, items, pad_to, truncate)
-  ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
+  if _packs(config, built, loss):
+    rows = pipeline.pack_samples(items, tokenizer, encode.seq_len)
+    ds = pipeline.rows_dataset(rows, batch_size=int(config.train.batch_size), seed=int(config.seed))
+  else:
+    ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
   pretrained: Callable[[], nnx.Module] | None = built.pretrained
   if init_from:
     pretrained = lambda: on_host(built.adapt(load_policy(init_from).model))  # its adapters merged, ours added
@@ -125,6 +131,23 @@ def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | No
                     flops_per_token=built.flops_per_token, on_start=on_start,
                     read_options=pipeline.read_options(int(config.data.num_threads)), pretrained=pretrained,
                     wrt=built.trainable)
+
+
+def _packs(config, built, loss: LossFn) -> bool:
+  """Whether this stage trains on packed rows (`config.data.packing`): "auto" packs where that gives the padded
+  batches' loss, a text decoder (`model.kind=decoder`) under a token-level loss (`train.losses.TOKEN_LEVEL`);
+  "pack" insists and is refused elsewhere; "pad" never packs."""
+  value = config.data.get("packing", "auto")  # a config written before the key: auto
+  if value not in packing.PACKING:
+    raise ValueError(f"config.data.packing={value!r} is not one of {packing.PACKING}; set "
+                     "--config.data.packing=auto")
+  why_not = (f"model.kind={built.kind!r} is not a text decoder" if built.kind != "decoder" else
+             f"this stage's loss ({getattr(loss, '__qualname__', loss)}) reads one sample a row"
+             if loss not in TOKEN_LEVEL else None)
+  if value == "pack" and why_not:
+    raise ValueError(f"config.data.packing='pack' but {why_not}; set --config.data.packing=auto (packs where it "
+                     "can) or pad")
+  return value != "pad" and why_not is None
 
 
 def _encode_decoder_only(config, built, tokenizer, items: list[dict], pad_to: int,

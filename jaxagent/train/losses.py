@@ -85,18 +85,26 @@ def weighted_token_nll(model, batch: dict, rng=None):
 
   Unweighted samples: `masked_cross_entropy`, OpenWebVoyager's SFT loss (§2.5). Samples with a `weight`:
   −Σ_b w_b Σ_t m_bt log p_bt / Σ_bt m_bt, `rl.losses.bc_nll(normalize="token")` on the model's log-probabilities
-  (Digi-Q's / DigiRL's weighted actor regression, §5.5, §4.7).
+  (Digi-Q's / DigiRL's weighted actor regression, §5.5, §4.7). A sum over tokens, so packed rows (`data.packing`,
+  `weight` then [B, T], each token its sample's) give the value of their samples padded one a row.
   """
   del rng
   if "weight" in batch:
     logits, tok, mask = _target_logprobs(model, batch)
     count = mask.sum()
-    w = batch["weight"].astype(jnp.float32)[:, None]
+    w = batch["weight"].astype(jnp.float32)
+    w = w[:, None] if w.ndim == 1 else w
     loss = -jnp.sum(jnp.where(mask > 0, tok * w, 0.0)) / jnp.maximum(count, 1.0)
   else:
     logits = _logits(model, batch)
     loss, count = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
   return loss, {"loss_tokens": count, "token_accuracy": _accuracy(logits, batch, count)}
+
+
+# The losses that sum over tokens and normalise by the batch's loss tokens: on packed rows they give what the same
+# samples padded one a row give, so `pipeline.finetune` packs for them (`data.packing`); the others (sequence
+# log-probabilities, per-sample ratios) read one sample a row.
+TOKEN_LEVEL = (weighted_token_nll,)
 
 
 def sequence_nll(clamp_prob: tuple[float, float] | None = None):

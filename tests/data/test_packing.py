@@ -1,11 +1,19 @@
 """Packed rows train as their samples would one by one: the same per-token losses, no attention across borders."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from jaxagent.data import packing
+from configs import il as il_config
+from configs import webrl as webrl_config
+from jaxagent.data import conversation, packing, pipeline
+from jaxagent.data.tokenizer import load_tokenizer
 from jaxagent.models import layers, llama
+from jaxagent.pipeline import finetune
+from jaxagent.pipeline.config import ConfigError, validate
 from jaxagent.train import losses
 
 
@@ -63,3 +71,73 @@ def test_sparse_loss_equals_the_full_one_on_packed_rows():
   sparse, metrics = losses.sparse_token_nll(int(rows["loss_mask"].sum(1).max()))(model, batch)
   np.testing.assert_allclose(float(sparse), float(full), rtol=1e-5)
   np.testing.assert_allclose(float(metrics["token_accuracy"]), float(full_metrics["token_accuracy"]), rtol=1e-6)
+
+
+# -- the SFT path: `pipeline.pack_samples` and `pipeline.finetune`'s `data.packing` ------------------------------
+
+def _items(weights=None):
+  texts = [("Open the cart.", "click [12]"), ("Which page lists shoes? Answer briefly.", "answer [shoes]"),
+           ("Sort by price.", "click [3]"), ("Scroll down twice and read the footer.", "scroll [down]"),
+           ("Go back.", "back")]
+  items = [{"id": f"s{k}", "images": [], "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+           for k, (q, a) in enumerate(texts)]
+  for item, w in zip(items, weights or ()):
+    item["weight"] = w
+  return items
+
+
+@pytest.mark.parametrize("weights", [None, [1.0, 0.5, 2.0, 0.0, 1.5]])
+def test_packed_sft_rows_give_the_padded_batches_loss(weights):
+  tokenizer = load_tokenizer(None)
+  items = _items(weights)
+  cfg = llama.DecoderConfig.tiny(vocab_size=-(-len(tokenizer) // 64) * 64)
+  model = llama.init_decoder(cfg, seed=0)
+  longest = max(len(conversation.tokenize(x, tokenizer, 1)[0]) for x in items)
+  encode = pipeline.EncodeSample(tokenizer, seq_len=longest - 1)
+  padded = {k: np.stack([encode(x)[k] for x in items]) for k in encode(items[0])}
+  rows = pipeline.pack_samples(items, tokenizer, seq_len=2 * longest)
+  assert len(rows["input_ids"]) < len(items)  # samples share rows
+  assert rows["loss_mask"].sum() == padded["loss_mask"].sum()
+  if weights:
+    assert rows["weight"].shape == rows["input_ids"].shape
+  for loss in (losses.weighted_token_nll,):
+    want, want_metrics = loss(model, {k: jnp.asarray(v) for k, v in padded.items()})
+    got, metrics = loss(model, {k: jnp.asarray(v) for k, v in rows.items()})
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["token_accuracy"]), float(want_metrics["token_accuracy"]), rtol=1e-6)
+
+
+def _stage(packing_value=None, kind="decoder"):
+  config = il_config.get_config("text")
+  config.model.kind = kind
+  if packing_value is not None:
+    config.data.packing = packing_value
+  return config, types.SimpleNamespace(kind=kind)
+
+
+def test_auto_packs_a_text_decoder_under_a_token_level_loss_and_pads_otherwise():
+  assert finetune._packs(*_stage(), losses.weighted_token_nll)
+  assert finetune._packs(*_stage("auto"), losses.weighted_token_nll)
+  assert not finetune._packs(*_stage("pad"), losses.weighted_token_nll)
+  assert not finetune._packs(*_stage(kind="vlm"), losses.weighted_token_nll)  # images ride one sample a row
+  assert not finetune._packs(*_stage(), losses.sequence_nll())  # per-sample sums: one sample a row
+
+
+@pytest.mark.parametrize("value,kind,loss,needle", [
+    ("pack", "vlm", losses.weighted_token_nll, r"config\.data\.packing='pack' but model\.kind='vlm' is not a text "
+                                               r"decoder; set --config\.data\.packing=auto"),
+    ("pack", "decoder", losses.sequence_nll(), r"config\.data\.packing='pack' but this stage's loss .* reads one "
+                                               r"sample a row"),
+    ("rows", "decoder", losses.weighted_token_nll, r"config\.data\.packing='rows' is not one of \('auto', 'pack', "
+                                                   r"'pad'\)"),
+])
+def test_a_packing_that_cannot_apply_is_refused_naming_the_key(value, kind, loss, needle):
+  with pytest.raises(ValueError, match=needle):
+    finetune._packs(*_stage(value, kind), loss)
+
+
+def test_config_validation_refuses_a_bad_packing_before_any_work():
+  config = webrl_config.get_config("smoke")
+  config.data.packing = "bucket"
+  with pytest.raises(ConfigError, match=r"config\.data\.packing='bucket' is not one of"):
+    validate(config)

@@ -95,8 +95,8 @@ def test_the_decoder_takes_the_fused_path_only_without_a_cache(monkeypatch):
 
 
 def test_decoder_config_refuses_an_unknown_kernel_or_float32_with_cudnn():
-  with pytest.raises(ValueError, match=r"attention='flash' is not one of \('xla', 'cudnn'\)"):
-    llama.DecoderConfig.tiny(attention="flash")
+  with pytest.raises(ValueError, match=r"attention='sdpa' is not one of \('xla', 'flash', 'cudnn'\)"):
+    llama.DecoderConfig.tiny(attention="sdpa")
   with pytest.raises(ValueError, match=r"attention='cudnn' runs in bfloat16 or float16, but dtype='float32'"):
     llama.DecoderConfig.tiny(attention="cudnn")
 
@@ -109,7 +109,7 @@ def _config(kind="decoder", **model):
 
 
 @pytest.mark.parametrize("model,needle", [
-    (dict(attention="flash"), r"config\.model\.attention='flash' is not one of \('xla', 'cudnn'\)"),
+    (dict(attention="sdpa"), r"config\.model\.attention='sdpa' is not one of \('xla', 'flash', 'cudnn'\)"),
     (dict(attention="cudnn"), r"config\.model\.attention='cudnn' computes in bfloat16 or float16 but "
                               r"config\.model\.dtype='float32'; set --config\.model\.dtype=bfloat16"),
     (dict(attention="cudnn", dtype="bfloat16", kind="autoui"), r"config\.model\.attention='cudnn' is wired for "

@@ -84,7 +84,7 @@ def test_remat_keeps_less_for_the_backward_pass_and_lowers_the_compiled_temp_byt
   for name in ("none", "full"):
     loss, state = _backward(name)
     temp[name] = jax.jit(jax.grad(loss)).lower(state).compile().memory_analysis().temp_size_in_bytes
-  assert temp["full"] < temp["none"], temp
+  assert temp["full"] < 0.5 * temp["none"], temp  # 13.8 vs 41.0 MB (layers.remat recomputes late)
 
 
 @pytest.mark.parametrize("key,value,needle", [

@@ -70,13 +70,10 @@ def test_first_sample_preview_brackets_assistant_text(run):
   assert finetune._preview(tokenizer, arrays).endswith("Assistant:⟦ b<end_of_utterance>⟧")
 
 
-@pytest.mark.slow
-def test_starts_from_a_hugging_face_checkpoint(tmp_path):
-  """`model.hf_checkpoint`: weights and tokenizer come from a local HF directory (here a Llama we export)."""
-  from jaxagent.data import pipeline
-  from jaxagent.models.hf import llama as hf_llama
-  from jaxagent.models.llama import DecoderConfig, init_decoder
-
+def _hf_decoder(tmp_path):
+  """A tiny Llama exported as a HF directory with the embedded tokenizer: (directory, the model)."""
+  from jaxagent.models.hf import llama as hf_llama  # pylint: disable=g-import-not-at-top
+  from jaxagent.models.llama import DecoderConfig, init_decoder  # pylint: disable=g-import-not-at-top
   tokenizer = load_tokenizer()
   dcfg = DecoderConfig.tiny(vocab_size=1024, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                             head_dim=16, intermediate_size=64, pad_token_id=tokenizer.pad_token_id)
@@ -84,17 +81,33 @@ def test_starts_from_a_hugging_face_checkpoint(tmp_path):
   saved = init_decoder(dcfg, seed=7)
   hf_llama.save_pretrained(saved, dcfg, hf_dir)
   tokenizer.save_pretrained(hf_dir)
+  return hf_dir, saved
 
+
+@pytest.mark.parametrize("packing", ["pad", "auto"])
+def test_starts_from_a_hugging_face_checkpoint(tmp_path, packing):
+  """`model.hf_checkpoint`: weights and tokenizer come from a local HF directory (here a Llama we export); the
+  first step's loss is that of the first batch the data path builds, one sample a row (`data.packing=pad`) or
+  packed rows (auto, for this text decoder)."""
+  from jaxagent.data import pipeline  # pylint: disable=g-import-not-at-top
+  hf_dir, saved = _hf_decoder(tmp_path)
   config = il_config.get_config("smoke")
   config.model.kind = "decoder"
   config.model.hf_checkpoint = hf_dir
+  config.data.packing = packing
   config.train.steps = 2
   workdir = str(tmp_path / "run")
   il.run(config, workdir)
 
   items = il.load_items(config, workdir)
-  encode = pipeline.EncodeSample(load_tokenizer(hf_dir), config.data.seq_len)
-  first = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))[0]
+  tokenizer = load_tokenizer(hf_dir)
+  encode = finetune._encode_decoder_only(config, models.build(config, tokenizer), tokenizer, items, 32, True)
+  if packing == "pad":
+    first = pipeline.il_dataset(items, encode, batch_size=config.train.batch_size, seed=int(config.seed))[0]
+  else:
+    rows = pipeline.pack_samples(items, tokenizer, encode.seq_len)
+    assert len(rows["input_ids"]) < len(items)
+    first = pipeline.rows_dataset(rows, batch_size=config.train.batch_size, seed=int(config.seed))[0]
   expected, _ = weighted_token_nll(saved, first, None)
   first_logged = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[0]
   np.testing.assert_allclose(first_logged["loss"], float(expected), rtol=1e-5)
