@@ -43,7 +43,15 @@ def get_config(arg=None):
   c.model = config_lib.vlm_model()
   c.model.kind = "decoder"
   c.model.decoder.update(hidden_size=192, num_layers=3, num_heads=6, num_kv_heads=3, head_dim=32,
-                         intermediate_size=576, max_position_embeddings=4096)  # the recipes' longest prompts
+                         intermediate_size=576, max_position_embeddings=4096,  # the recipes' longest prompts
+                         tie_word_embeddings=True)  # a head that copies a token writes its own unembedding
+  # The attention targets (`proj.pretrain.targets`, a named departure: docs/results/pretrain.md#targets): the loss
+  # also asks reply_heads heads of layer reply_layer to attend to where a reply's content comes from and
+  # link_heads heads of layer 0 to attend from an element's words to its id; readout: those heads' output alone
+  # names the token they attend to; copy_init sets their value and output projections to copy (0 = the usual
+  # random init). weight 0: a plain causal LM on the replies.
+  c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
+                                             readout=True, copy_init=1.0))
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0

@@ -316,11 +316,12 @@ class Decoder(nnx.Module):
                    positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32))
 
   def hidden_states(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
-                    cache: KVCache | None = None, segment_ids=None):
+                    cache: KVCache | None = None, segment_ids=None, layer_inputs: list | None = None):
     """Final-norm hidden states [B,T,E] and the updated cache (None without one).
 
     `segment_ids` [B,T] (no cache): packed rows, several samples side by side (`data.packing`); a token attends
-    only within its own segment, positions restart at each segment, and id 0 is padding."""
+    only within its own segment, positions restart at each segment, and id 0 is padding. `layer_inputs`: a list
+    that receives each block's input [B,T,E] (what a loss on one head's attention reads, `proj.pretrain.targets`)."""
     cfg = self.config
     if (input_ids is None) == (inputs_embeds is None):
       raise ValueError("Decoder: pass exactly one of input_ids or inputs_embeds")
@@ -357,6 +358,8 @@ class Decoder(nnx.Module):
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
+      if layer_inputs is not None:
+        layer_inputs.append(x)
       if layers.remat_name(cfg.remat) != "none" and cache is None:
         x, _ = layers.remat(lambda blk, h, p: blk(h, p, inv_freq, mask_fn), cfg.remat)(block, x, positions)
       else:

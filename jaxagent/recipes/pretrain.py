@@ -35,7 +35,7 @@ from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenize
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import on_host
 from jaxagent.pipeline.stages import Stages, write_json, write_text
-from jaxagent.proj.pretrain import corpus
+from jaxagent.proj.pretrain import alignment, corpus, targets
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
@@ -52,6 +52,17 @@ def check_config(config) -> None:
   if a.first < b.first + b.count and b.first < a.first + a.count:
     raise ValueError(f"config.probes.worlds ({b.first}..{b.first + b.count - 1}) overlap config.corpus.worlds "
                      f"({a.first}..{a.first + a.count - 1}): the probes must be on worlds pre-training never saw")
+  t, d = config.targets, config.model.decoder
+  if float(t.weight) < 0 or float(t.copy_init) < 0:
+    raise ValueError(f"config.targets.weight={t.weight} and config.targets.copy_init={t.copy_init} must be >= 0")
+  if float(t.weight) and config.loss_on != "reply":
+    raise ValueError(f"config.targets.weight={t.weight} reads the replies' loss positions; set --config.loss_on=reply "
+                     "or --config.targets.weight=0")
+  if not -int(d.num_layers) <= int(t.reply_layer) < int(d.num_layers):
+    raise ValueError(f"config.targets.reply_layer={t.reply_layer}: the decoder has {d.num_layers} layers")
+  for key in ("reply_heads", "link_heads"):
+    if not 0 <= int(t[key]) <= int(d.num_heads):
+      raise ValueError(f"config.targets.{key}={t[key]}: between 0 and model.decoder.num_heads={d.num_heads}")
   skills = [s.strip() for s in config.corpus.skills.split(",") if s.strip()]
   if not skills or set(skills) - set(corpus.SKILLS):
     raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: name one or more of {corpus.SKILLS}")
@@ -142,16 +153,36 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
     raise ValueError(f"pretrain: no {corpus_name} sample fits {seq_len} tokens; raise config.data.seq_len")
   rows = packing.pack(encoded, seq_len, pad_id=int(tok.pad_token_id))
   built = models.build(train_config, tok)
-  ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
   # the loss on the replies alone reads logits at those positions only
   most = int(rows["loss_mask"].sum(1).max())
   loss = sparse_token_nll(most) if config.loss_on == "reply" else weighted_token_nll
+  model_fn, t = built.init, config.targets
+  if float(t.weight):
+    rows.update(_target_rows(encoded, tok, seq_len))
+    count = lambda field: max(1, int((rows[field] > 0).sum(1).max()))
+    loss = targets.pretrain_loss(most, t, count("reply_source"), count("link_source"))
+    if float(t.copy_init) and not init_from:
+      seed, layer = int(config.seed), int(t.reply_layer) % int(config.model.decoder.num_layers)
+      model_fn = lambda: targets.copy_heads(targets.copy_heads(built.init(), layer, int(t.reply_heads),
+                                                               float(t.copy_init), seed),
+                                            0, int(t.link_heads), float(t.copy_init), seed + 1)
+  ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
   pretrained = (lambda: on_host(load_policy(init_from).model)) if init_from else None
-  loop.train(train_config, out, model_fn=built.init, loss_fn=loss, dataset=ds, pretrained=pretrained,
+  loop.train(train_config, out, model_fn=model_fn, loss_fn=loss, dataset=ds, pretrained=pretrained,
              flops_per_token=built.flops_per_token, read_options=pipeline.read_options(int(config.data.num_threads)))
   return {"rows": len(rows["input_ids"]), "fill": packing.fill(rows), "samples": len(encoded), "dropped": dropped,
           "tokens": int((rows["segment_ids"] > 0).sum()),
           "epochs": int(train_config.train.steps) * int(train_config.train.batch_size) / len(rows["input_ids"])}
+
+
+def _target_rows(encoded, tok, seq_len: int) -> dict[str, np.ndarray]:
+  """The attention targets of the packed samples (`proj.pretrain.targets`), in the rows `packing.pack` puts
+  them in (it places samples by their lengths alone, so a second pack lines up with the first)."""
+  pieces = [tok.decode([i]) for i in range(len(tok))]
+  reply = [(ids, alignment.alignment(ids, loss, pieces)) for ids, loss in encoded]
+  link = [(ids, targets.as_loss_flags(targets.id_links(ids, pieces))) for ids, _ in encoded]
+  return {"reply_source": packing.pack(reply, seq_len)["loss_mask"],
+          "link_source": packing.pack(link, seq_len)["loss_mask"]}
 
 
 def stage_probes(config, workdir, out):

@@ -69,15 +69,21 @@ def sparse_token_nll(max_tokens: int):
     kwargs = ({"segment_ids": batch["segment_ids"]} if "segment_ids" in batch
               else {"attention_mask": batch["attention_mask"]})
     hidden, _ = model.hidden_states(batch["input_ids"], **kwargs)
-    mask = batch["loss_mask"].astype(jnp.int32)
-    at = jnp.argsort(-mask, axis=1, stable=True)[:, :max_tokens]  # loss positions first, in order
-    take = lambda x: jnp.take_along_axis(x, at, axis=1)
-    logits = model.logits(jnp.take_along_axis(hidden, at[..., None], axis=1))
-    loss, count = masked_cross_entropy(logits, take(batch["targets"]), take(mask))
-    hits = (jnp.argmax(logits, -1) == take(batch["targets"])) * take(mask)
-    return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}
+    return sparse_nll_of_hidden(model, hidden, batch, max_tokens)
 
   return loss_fn
+
+
+def sparse_nll_of_hidden(model, hidden: jnp.ndarray, batch: dict, max_tokens: int):
+  """`sparse_token_nll`'s loss and metrics from the decoder's final hidden states (for losses that also read
+  the forward pass's insides)."""
+  mask = batch["loss_mask"].astype(jnp.int32)
+  at = jnp.argsort(-mask, axis=1, stable=True)[:, :max_tokens]  # loss positions first, in order
+  take = lambda x: jnp.take_along_axis(x, at, axis=1)
+  logits = model.logits(jnp.take_along_axis(hidden, at[..., None], axis=1))
+  loss, count = masked_cross_entropy(logits, take(batch["targets"]), take(mask))
+  hits = (jnp.argmax(logits, -1) == take(batch["targets"])) * take(mask)
+  return loss, {"loss_tokens": count, "token_accuracy": hits.sum() / jnp.maximum(count, 1)}
 
 
 def weighted_token_nll(model, batch: dict, rng=None):

@@ -1,0 +1,128 @@
+"""Attention targets: a pre-training loss that names where two heads should look (`configs/pretrain.py`'s
+`targets`, a named departure from a plain causal LM; weight 0 turns it off).
+
+A small decoder trained from scratch on this corpus learns the replies' syntax within a few hundred steps but not
+the look-up and the copy (docs/results/pretrain.md): those need an attention that finds one token among a page's
+hundreds, and a plain LM loss reaches it only through the output. Here the corpus says where each reply's content
+comes from (`alignment`), so the loss also asks, with a cross-entropy over the keys:
+  * `reply_heads` heads of layer `reply_layer`, at the position that predicts a reply's content token, to attend
+    to its source (the quoted string's token; for an id, the last word of that element's text);
+  * `link_heads` heads of layer 0, at each word of an element's text, to attend to the element's id token, which
+    is what makes the id readable where the reply's head looks;
+  * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
+    norm and the unembedding), and with `copy_init` their value and output projections start as a copy.
+The architecture stays a plain Llama decoder: the base exports and loads as any other.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import layers
+from jaxagent.train.losses import sparse_nll_of_hidden
+
+FIELDS = ("reply_source", "link_source")
+
+
+def id_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
+  """links[k] = k - j at each word k of an element's text, j its id token (`<a id="j"> words </a>`); else 0."""
+  ids = [int(t) for t in ids]
+  links = np.zeros(len(ids), np.int32)
+  for j in range(1, len(ids) - 1):
+    if not (pieces[ids[j - 1]].endswith('id="') and pieces[ids[j + 1]].startswith('"')):
+      continue
+    for k in range(j + 2, len(ids)):
+      if pieces[ids[k]].lstrip().startswith("<"):
+        break
+      if any(ch.isalnum() for ch in pieces[ids[k]]):
+        links[k] = k - j
+  return links
+
+
+def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
+  """A per-input-position array in `data.packing.pack`'s loss-flag layout (flags are read one token ahead)."""
+  return np.concatenate([[0], per_position[:-1]]).astype(np.int32)
+
+
+def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, segment_ids, input_ids=None,
+             readout: bool = False):
+  """Mean -log attention of the first `heads` query heads of `layer` (input `x`) on their target keys; with
+  `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the final norm
+  and the unembedding): the heads must write what they read.
+
+  `offsets` [B, T]: where nonzero, the query at slot t should attend to slot t + shift - offsets: `shift` 1 for
+  offsets counted from the token the query predicts (`alignment`), 0 from the query itself. At most `most`
+  queries a row."""
+  cfg, block = model.config, model.layers[layer]
+  positions = layers.segment_positions(segment_ids)
+  inv_freq = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+  h = block.input_layernorm(x)
+  order = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
+  off = jnp.take_along_axis(offsets, order, 1)
+  has = off > 0
+  at = order  # the query's slot
+  source = order + shift - off
+  q = layers.apply_rope(block.self_attn.q_proj(h), positions, inv_freq)
+  q = jnp.take_along_axis(q, jnp.clip(at, 0)[:, :, None, None], 1)[:, :, :heads]  # [B, M, h, D]
+  k = layers.apply_rope(block.self_attn.k_proj(h), positions, inv_freq)
+  k = k[:, :, np.arange(heads) // (cfg.num_heads // cfg.num_kv_heads)]  # [B, T, h, D]
+  scores = jnp.einsum("bmhd,bthd->bhmt", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
+  slots = jnp.arange(x.shape[1])
+  q_segment = jnp.take_along_axis(segment_ids, jnp.clip(at, 0), 1)
+  allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
+  logp = jax.nn.log_softmax(jnp.where(allowed[:, None], scores, -1e9), -1)
+  picked = jnp.take_along_axis(logp, jnp.clip(source, 0)[:, None, :, None], -1)[..., 0]  # [B, h, M]
+  nll = -(picked * has[:, None]).sum() / jnp.maximum(has.sum() * heads, 1)
+  if not readout:
+    return nll
+  group = cfg.num_heads // cfg.num_kv_heads
+  v = block.self_attn.v_proj(h)[:, :, np.arange(heads) // group]  # [B, T, h, D]
+  read = jnp.einsum("bhmt,bthd->bmhd", jnp.exp(logp).astype(v.dtype), v)
+  out = jnp.einsum("bmhd,hde->bme", read, block.self_attn.o_proj.kernel.get_value()[:heads].astype(v.dtype))
+  logp_token = jax.nn.log_softmax(model.logits(model.norm(out)), -1)
+  token = jnp.take_along_axis(input_ids, jnp.clip(source, 0), 1)
+  ce = -jnp.take_along_axis(logp_token, token[..., None], -1)[..., 0]
+  return nll + (ce * has).sum() / jnp.maximum(has.sum(), 1)
+
+
+def pretrain_loss(max_tokens: int, config, most_reply: int, most_link: int):
+  """The reply-token NLL (`losses.sparse_token_nll`) plus `config.weight` × the heads' target NLLs."""
+  reply_layer, weight = int(config.reply_layer), float(config.weight)
+
+  def loss_fn(model, batch: dict, rng=None):
+    del rng
+    xs: list = []
+    hidden, _ = model.hidden_states(batch["input_ids"], segment_ids=batch["segment_ids"], layer_inputs=xs)
+    loss, metrics = sparse_nll_of_hidden(model, hidden, batch, max_tokens)
+    seg = batch["segment_ids"]
+    ids, readout = batch["input_ids"], bool(config.readout)
+    reply = head_nll(model, xs[reply_layer], reply_layer % len(xs), int(config.reply_heads), batch["reply_source"],
+                     1, most_reply, seg, ids, readout)
+    link = (head_nll(model, xs[0], 0, int(config.link_heads), batch["link_source"], 0, most_link, seg, ids, readout)
+            if int(config.link_heads) else jnp.zeros(()))
+    return loss + weight * (reply + link), {**metrics, "reply_nll": loss, "reply_attention": reply,
+                                            "link_attention": link}
+
+  return loss_fn
+
+
+def copy_heads(model, layer: int, heads: int, scale: float, seed: int = 0):
+  """`model` with the value and output projections of the first `heads` query heads of `layer` set to copy:
+  W_O W_V = `scale` × the projection onto one orthonormal basis a key-value head (`targets.copy_init`), so that a
+  head that attends to a token writes that token's own direction. Only its attention is left to learn."""
+  cfg, attn = model.config, model.layers[layer].self_attn
+  group = cfg.num_heads // cfg.num_kv_heads
+  v, o = attn.v_proj.kernel.get_value(), attn.o_proj.kernel.get_value()  # [E, K, D], [H, D, E]
+  keys = jax.random.split(jax.random.key(seed), cfg.num_kv_heads)
+  for kv in sorted({h // group for h in range(heads)}):
+    basis, _ = jnp.linalg.qr(jax.random.normal(keys[kv], (cfg.hidden_size, cfg.head_dim), jnp.float32))
+    v = v.at[:, kv, :].set(basis.astype(v.dtype))
+    for h in range(kv * group, min((kv + 1) * group, heads)):
+      o = o.at[h].set((scale * basis.T).astype(o.dtype))
+  attn.v_proj.kernel.set_value(v)
+  attn.o_proj.kernel.set_value(o)
+  return model

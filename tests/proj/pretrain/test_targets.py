@@ -1,0 +1,116 @@
+"""The attention-target loss reads the decoder's own attention: the probabilities it scores are the ones the
+model attends with, within a packed row's segments."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxagent.models import layers, llama
+from jaxagent.proj.pretrain import targets
+from jaxagent.train.losses import sparse_token_nll
+
+
+def _model():
+  cfg = llama.DecoderConfig.tiny(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                                 intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+  return llama.init_decoder(cfg, 0)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, 64, (1, 12)).astype(np.int32)
+  seg = np.array([[1] * 5 + [2] * 6 + [0]], np.int32)
+  targets_ = np.roll(ids, -1, 1)
+  loss = np.zeros_like(ids)
+  loss[0, [3, 8, 9]] = 1
+  return {"input_ids": ids, "targets": targets_, "loss_mask": loss, "segment_ids": seg}
+
+
+def _attention_probs(model, layer, batch):
+  """The decoder's own attention weights of `layer` [B, H, T, T], recovered from its output head by head."""
+  xs = []
+  model.hidden_states(jnp.asarray(batch["input_ids"]), segment_ids=jnp.asarray(batch["segment_ids"]), layer_inputs=xs)
+  block, cfg = model.layers[layer], model.config
+  h = block.input_layernorm(xs[layer])
+  seg = jnp.asarray(batch["segment_ids"])
+  pos = layers.segment_positions(seg)
+  inv = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+  q = layers.apply_rope(block.self_attn.q_proj(h), pos, inv)
+  k = layers.apply_rope(block.self_attn.k_proj(h), pos, inv)
+  k = jnp.repeat(k, cfg.num_heads // cfg.num_kv_heads, axis=2)
+  mask = layers.attention_mask(*(jnp.broadcast_to(jnp.arange(seg.shape[1]), seg.shape),) * 2, seg > 0,
+                               segment_ids=seg)
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(cfg.head_dim)
+  probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), -1)
+  # the same weights reproduce the block's attention output (its values and output projection)
+  v = jnp.repeat(block.self_attn.v_proj(h), cfg.num_heads // cfg.num_kv_heads, axis=2)
+  mine = block.self_attn.o_proj(jnp.einsum("bhqk,bkhd->bqhd", probs, v))
+  theirs, _ = block.self_attn(h, pos, inv, lambda: layers.SelfMask(seg > 0, pos, seg, None))
+  valid = np.asarray(seg[0] > 0)
+  np.testing.assert_allclose(np.asarray(mine)[0, valid], np.asarray(theirs)[0, valid], atol=1e-5)
+  return np.asarray(probs), xs
+
+
+@pytest.mark.parametrize("layer,heads,shift", [(1, 3, 1), (0, 1, 0)])
+def test_head_nll_is_minus_log_the_models_attention_on_the_source(layer, heads, shift):
+  model, batch = _model(), _batch()
+  probs, xs = _attention_probs(model, layer, batch)
+  offsets = np.zeros_like(batch["input_ids"])
+  wanted = {3: 1, 8: 6, 9: 7}  # query slot -> source slot (8 and 9 in segment 2, which starts at 5)
+  for t, src in wanted.items():
+    offsets[0, t] = t + shift - src
+  got = targets.head_nll(model, xs[layer], layer, heads, jnp.asarray(offsets), shift, 4,
+                         jnp.asarray(batch["segment_ids"]))
+  expect = -np.mean([np.log(probs[0, h, t, src]) for t, src in wanted.items() for h in range(heads)])
+  np.testing.assert_allclose(float(got), expect, rtol=1e-5)
+
+
+def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
+  model, batch = _model(), _batch()
+  batch["reply_source"] = np.zeros_like(batch["input_ids"])
+  batch["reply_source"][0, 8] = 3  # predicts token 9, read off slot 6
+  batch["link_source"] = np.zeros_like(batch["input_ids"])
+  batch["link_source"][0, 4] = 2
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1,
+                                                readout=False))
+  plain, _ = sparse_token_nll(4)(model, batch)
+  off, metrics = targets.pretrain_loss(4, cfg, 4, 4)(model, batch)
+  np.testing.assert_allclose(float(off), float(plain), rtol=1e-6)
+  assert float(metrics["reply_attention"]) > 0 and float(metrics["link_attention"]) > 0
+  cfg.weight = 1.0
+  on, metrics = targets.pretrain_loss(4, cfg, 4, 4)(model, batch)
+  np.testing.assert_allclose(float(on), float(plain) + float(metrics["reply_attention"] + metrics["link_attention"]),
+                             rtol=1e-5)
+
+
+def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
+  model, batch = _model(), _batch()
+  offsets = np.zeros_like(batch["input_ids"])
+  offsets[0, 8] = 8 - 6
+  args = (1, 2, jnp.asarray(offsets), 0, 4, jnp.asarray(batch["segment_ids"]), jnp.asarray(batch["input_ids"]))
+  xs = []
+  model.hidden_states(jnp.asarray(batch["input_ids"]), segment_ids=jnp.asarray(batch["segment_ids"]), layer_inputs=xs)
+  plain = float(targets.head_nll(model, xs[1], *args))
+  with_readout = float(targets.head_nll(model, xs[1], *args, readout=True))
+  assert with_readout > plain + 1.0  # an untrained head names a token of 64 with ~log 64 nats
+
+
+def test_copy_heads_make_value_then_output_a_scaled_projection():
+  model = targets.copy_heads(_model(), 1, 3, 2.0)
+  attn, cfg = model.layers[1].self_attn, model.config
+  v, o = np.asarray(attn.v_proj.kernel.get_value()), np.asarray(attn.o_proj.kernel.get_value())
+  for h in range(3):
+    ov = v[:, h // 2, :] @ o[h]  # [E, E]: what head h writes for what it reads
+    p = ov / 2.0
+    np.testing.assert_allclose(p @ p, p, atol=1e-5)  # a projection
+    assert round(float(np.trace(p))) == cfg.head_dim  # onto one head's worth of directions
+  np.testing.assert_allclose(o[3], np.asarray(_model().layers[1].self_attn.o_proj.kernel.get_value())[3])
+
+
+def test_id_links_point_an_elements_words_at_its_id():
+  pieces = ["<", 'a id="', "26", '">', " Office", " hours", " </a>", " $", "5"]
+  links = targets.id_links(list(range(len(pieces))), pieces)
+  assert links.tolist() == [0, 0, 0, 0, 2, 3, 0, 0, 0]
