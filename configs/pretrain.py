@@ -6,8 +6,8 @@ The bare file is the base every recipe's `--config.model.base=pretrain` builds o
 decoder trained from scratch on skill queries (click / type / search / read / say) over pages of worlds
 `corpus.worlds`, probed on worlds `probes.worlds`; both ranges lie above every evaluation world (the global seeds
 0, 1, 2, ... are the benchmark's worlds). Sizes, corpus and steps are chosen on the probes (held-out worlds), never on
-a benchmark figure. As committed, its base does not yet look an element up or copy a string (probes near 0 %, three
-pilots: docs/results/pretrain.md); the recipe, corpus and `model.base` plumbing are what stands.
+a benchmark figure. As committed, its base copies strings (80–84 % on the held-out probes) but does not yet look an
+element up by its name (click 12 %) or read a value (8 %): docs/results/pretrain.md#targets.
 
 Keys a researcher changes first:
   model.decoder     the base's size (hidden_size, num_layers, heads, intermediate_size)
@@ -19,6 +19,7 @@ Keys a researcher changes first:
                     up to about corpus.sample_chars characters (~ data.seq_len tokens)
   corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`)
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
+  targets           the attention targets (a named departure, `proj.pretrain.targets`): weight 0 = a plain LM
   data.vocab_size   the BPE fitted on the corpus
 
 Variants (`configs/pretrain.py:<name>`):
