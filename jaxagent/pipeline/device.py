@@ -50,7 +50,8 @@ OBSERVATIONS = ("screenshot", "html")
 
 def reads_text(config) -> bool:
   """Whether the actor reads the screen as text (`config.env.observation=html`; a config without the key: no)."""
-  return config.env.get("observation", "screenshot") == "html"
+  env = config.get("env")
+  return env is not None and env.get("observation", "screenshot") == "html"
 
 
 def actor_format(config) -> autoui.AutoUI:

@@ -62,8 +62,9 @@ def test_an_unknown_env_backend_is_refused_before_any_work():
 def test_the_text_backend_is_refused_where_the_agent_sees_the_screen_or_needs_boxes():
   config = digirl_config.get_config(None)
   config.env.browser = "text"
+  validate(config, digirl.CHOICES)  # a browser DigiRL has, for its text observation (env.observation=html)
   with pytest.raises(ConfigError, match=r"config.env.browser='text'.*set --config.env.browser=chromium"):
-    validate(config, digirl.CHOICES)
+    digirl.check_config(config)  # but not with the screenshots
   config = webrl_config.get_config(None)
   config.env.browser = "text"
   validate(config, webrl.CHOICES)

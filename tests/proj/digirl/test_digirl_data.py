@@ -17,7 +17,8 @@ def _traj(goal: str, n: int, success, images: bool = True) -> types.Trajectory:
 
 def _config(capacity: int = 2000):
   return ml_collections.ConfigDict({"features": {"text_dim": 8}, "gamma": 0.5, "capacity": capacity,
-                                    "actor": {"quantile": 0.5, "advantage": "code"}, "tasks": {"max_steps": 10}})
+                                    "actor": {"quantile": 0.5, "advantage": "code"}, "tasks": {"max_steps": 10},
+                                    "parse": "lenient"})
 
 
 def _data(*trajs) -> data_lib.Data:
