@@ -162,10 +162,7 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
     count = lambda field: max(1, int((rows[field] > 0).sum(1).max()))
     loss = targets.pretrain_loss(most, t, count("reply_source"), count("link_source"))
     if float(t.copy_init) and not init_from:
-      seed, layer = int(config.seed), int(t.reply_layer) % int(config.model.decoder.num_layers)
-      model_fn = lambda: targets.copy_heads(targets.copy_heads(built.init(), layer, int(t.reply_heads),
-                                                               float(t.copy_init), seed),
-                                            0, int(t.link_heads), float(t.copy_init), seed + 1)
+      model_fn = lambda: _copy_heads(config, built.init())
   ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
   pretrained = (lambda: on_host(load_policy(init_from).model)) if init_from else None
   loop.train(train_config, out, model_fn=model_fn, loss_fn=loss, dataset=ds, pretrained=pretrained,
@@ -173,6 +170,14 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
   return {"rows": len(rows["input_ids"]), "fill": packing.fill(rows), "samples": len(encoded), "dropped": dropped,
           "tokens": int((rows["segment_ids"] > 0).sum()),
           "epochs": int(train_config.train.steps) * int(train_config.train.batch_size) / len(rows["input_ids"])}
+
+
+def _copy_heads(config, model):
+  """`model` with the targets' reply and link heads starting as copies (`targets.copy_init`)."""
+  t, seed = config.targets, int(config.seed)
+  layer = int(t.reply_layer) % int(config.model.decoder.num_layers)
+  model = targets.copy_heads(model, layer, int(t.reply_heads), float(t.copy_init), seed)
+  return targets.copy_heads(model, 0, int(t.link_heads), float(t.copy_init), seed + 1)
 
 
 def _target_rows(encoded, tok, seq_len: int) -> dict[str, np.ndarray]:

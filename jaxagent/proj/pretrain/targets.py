@@ -66,8 +66,8 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   has = off > 0
   at = order  # the query's slot
   source = order + shift - off
-  q = layers.apply_rope(block.self_attn.q_proj(h), positions, inv_freq)
-  q = jnp.take_along_axis(q, jnp.clip(at, 0)[:, :, None, None], 1)[:, :, :heads]  # [B, M, h, D]
+  take = lambda a: jnp.take_along_axis(a, jnp.clip(at, 0).reshape(at.shape + (1,) * (a.ndim - 2)), 1)
+  q = layers.apply_rope(block.self_attn.q_proj(take(h)), take(positions), inv_freq)[:, :, :heads]  # [B, M, h, D]
   k = layers.apply_rope(block.self_attn.k_proj(h), positions, inv_freq)
   k = k[:, :, np.arange(heads) // (cfg.num_heads // cfg.num_kv_heads)]  # [B, T, h, D]
   scores = jnp.einsum("bmhd,bthd->bhmt", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
