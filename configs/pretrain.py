@@ -47,33 +47,34 @@ def get_config(arg=None):
                          intermediate_size=576, max_position_embeddings=4096,  # the recipes' longest prompts
                          tie_word_embeddings=True)  # a head that copies a token writes its own unembedding
   # The attention targets (`proj.pretrain.targets`, a named departure: docs/results/pretrain.md#targets): the loss
-  # also asks reply_heads heads of layer reply_layer to attend to where a reply's content comes from and
-  # link_heads heads of layer 0 to attend from an element's words to its id; readout: those heads' output alone
-  # names the token they attend to; copy_init sets their value and output projections to copy (0 = the usual
-  # random init). weight 0: a plain causal LM on the replies.
+  # also asks reply_heads heads of layer reply_layer to attend to where a reply's content comes from,
+  # link_heads heads of layer 0 to attend from an element's words to its id (and from its values to its name),
+  # name_heads heads of layer name_layer to bring the name an instruction quotes to the reply that looks it up;
+  # readout: those heads' output alone names the token they attend to; copy_init sets their value and output
+  # projections to copy (0 = the usual random init). weight 0: a plain causal LM on the replies.
   c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
-                                             readout=True, copy_init=1.0))
+                                             name_layer=1, name_heads=1, readout=True, copy_init=1.0))
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0
 
   c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,type,search,read,say", walks_per_world=20,
-                                            walk_steps=8, sample_chars=5000, prompt_chars=15872,
-                                            window_chars=700, windows_per_page=2,
-                                            window_sample_chars=1500))
+                                            walk_steps=8, sample_chars=3500, prompt_chars=15872,
+                                            window_chars=700, windows_per_page=3,
+                                            window_sample_chars=1200))
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
   c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))
 
   # the warm-up on windows of the pages in short rows, then the whole pages from its weights
-  c.warmup = config_lib.stage(steps=700, batch_size=16, lr=2e-3, warmup_steps=50)
+  c.warmup = config_lib.stage(steps=600, batch_size=16, lr=2e-3, warmup_steps=50)
   c.warmup.seq_len = 640  # ≥ a window's conversation (corpus.window_sample_chars) in tokens
-  c.pretrain = config_lib.stage(steps=300, batch_size=4, lr=1e-3, warmup_steps=30)
+  c.pretrain = config_lib.stage(steps=250, batch_size=4, lr=1e-3, warmup_steps=30)
   c.checkpoint.every = 100
   c.checkpoint.async_save = False
 
   if arg.variant == "smoke":
-    c.model.decoder.update(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+    c.model.decoder.update(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
                            intermediate_size=128)
     c.data.update(vocab_size=1024, seq_len=1024)
     c.corpus.update(walks_per_world=3, walk_steps=3, prompt_chars=1200, sample_chars=2000)

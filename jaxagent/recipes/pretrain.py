@@ -58,9 +58,15 @@ def check_config(config) -> None:
   if float(t.weight) and config.loss_on != "reply":
     raise ValueError(f"config.targets.weight={t.weight} reads the replies' loss positions; set --config.loss_on=reply "
                      "or --config.targets.weight=0")
-  if not -int(d.num_layers) <= int(t.reply_layer) < int(d.num_layers):
-    raise ValueError(f"config.targets.reply_layer={t.reply_layer}: the decoder has {d.num_layers} layers")
-  for key in ("reply_heads", "link_heads"):
+  for key in ("reply_layer", "name_layer"):
+    if not -int(d.num_layers) <= int(t[key]) < int(d.num_layers):
+      raise ValueError(f"config.targets.{key}={t[key]}: the decoder has {d.num_layers} layers")
+  layer = lambda key: int(t[key]) % int(d.num_layers)
+  if int(t.name_heads) and layer("name_layer") in {layer("reply_layer"), 0 if int(t.link_heads) else -1}:
+    raise ValueError(f"config.targets.name_layer={t.name_layer}: the name heads need a layer of their own (the reply "
+                     f"heads are in layer {layer('reply_layer')}, the link heads in 0); with "
+                     f"{d.num_layers} layers set it to 1, or --config.targets.name_heads=0")
+  for key in ("reply_heads", "link_heads", "name_heads"):
     if not 0 <= int(t[key]) <= int(d.num_heads):
       raise ValueError(f"config.targets.{key}={t[key]}: between 0 and model.decoder.num_heads={d.num_heads}")
   skills = [s.strip() for s in config.corpus.skills.split(",") if s.strip()]
@@ -159,8 +165,7 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
   model_fn, t = built.init, config.targets
   if float(t.weight):
     rows.update(_target_rows(encoded, tok, seq_len))
-    count = lambda field: max(1, int((rows[field] > 0).sum(1).max()))
-    loss = targets.pretrain_loss(most, t, count("reply_source"), count("link_source"))
+    loss = targets.pretrain_loss(most, t, {f: max(1, int((rows[f] > 0).sum(1).max())) for f in targets.FIELDS})
     if float(t.copy_init) and not init_from:
       model_fn = lambda: _copy_heads(config, built.init())
   ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
@@ -177,17 +182,26 @@ def _copy_heads(config, model):
   t, seed = config.targets, int(config.seed)
   layer = int(t.reply_layer) % int(config.model.decoder.num_layers)
   model = targets.copy_heads(model, layer, int(t.reply_heads), float(t.copy_init), seed)
-  return targets.copy_heads(model, 0, int(t.link_heads), float(t.copy_init), seed + 1)
+  model = targets.copy_heads(model, 0, int(t.link_heads), float(t.copy_init), seed + 1)
+  name_layer = int(t.name_layer) % int(config.model.decoder.num_layers)
+  return targets.copy_heads(model, name_layer, int(t.name_heads), float(t.copy_init), seed + 2)
 
 
 def _target_rows(encoded, tok, seq_len: int) -> dict[str, np.ndarray]:
   """The attention targets of the packed samples (`proj.pretrain.targets`), in the rows `packing.pack` puts
   them in (it places samples by their lengths alone, so a second pack lines up with the first)."""
   pieces = [tok.decode([i]) for i in range(len(tok))]
-  reply = [(ids, alignment.alignment(ids, loss, pieces)) for ids, loss in encoded]
-  link = [(ids, targets.as_loss_flags(targets.id_links(ids, pieces))) for ids, _ in encoded]
+  reply, name, link = [], [], []
+  for ids, loss in encoded:
+    align, named = alignment.alignment(ids, loss, pieces)
+    reply.append((ids, align))
+    name.append((ids, named))
+    links = targets.id_links(ids, pieces)
+    links = np.where(links > 0, links, alignment.value_links(ids, pieces))
+    link.append((ids, targets.as_loss_flags(links)))
   return {"reply_source": packing.pack(reply, seq_len)["loss_mask"],
-          "link_source": packing.pack(link, seq_len)["loss_mask"]}
+          "link_source": packing.pack(link, seq_len)["loss_mask"],
+          "name_source": packing.pack(name, seq_len)["loss_mask"]}
 
 
 def stage_probes(config, workdir, out):

@@ -1,29 +1,60 @@
 """Where each reply's content comes from in its prompt: the attention targets of the pre-training loss.
 
-    align = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token ids[s] is read off ids[j]; 0: none
+    align, name = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token ids[s] is read off ids[j]
 
 A reply's content is the value of its `element=`, `argument=` or `message=`. A typed or answered string is sourced
-at its last occurrence (as the same tokens) before the reply: the query's quoted string, or the page's value. An
-element id is sourced at the last word of that element's text on the page (`<a id="26"> Office </a>` -> " Office"):
-the position where a causal model has read both the element's id and its name, so one attention can look the name
-up there and read the id. Tokens with no such source (syntax, ids of elements without text) get no target.
+at its last occurrence (as the same tokens) before the reply: the query's quoted string, or the page's value (of
+several equal values, the one that follows the element the latest instruction names). An element id is sourced at
+the last word of that element's text on the page (`<a id="26"> Office </a>` -> " Office"): the position where a
+causal model has read both the element's id and its name, so one attention can look the name up there and read
+the id. Tokens with no such source (syntax, ids of elements without text) get no target.
+
+`name` says where the element a reply looks up is named: at the first token of an id or of a value read off the
+page, the last word of the string the latest instruction quotes (`Click "Office".` -> "Office"); a head that brings
+it to the reply is what lets the look-up match the page's element, however far the instruction is.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Sequence
 
 import numpy as np
 
 VALUE = re.compile(r'(element|argument|message)="([^"]*)"')
+# an instruction's quoted string: an opening quote after neither `=` nor a word (HTML attributes open after `=`)
+QUOTED = re.compile(r'(?<![=\w])"([^"<>=\n]{1,80})"')
+# the last word of an element's text just before a value: `<a id="3"> Acorn Mug </a> $12.00 4.5` -> "Mug"
+ELEMENT_BEFORE = re.compile(r'>[^<>]*?(\w)[^<>\w]*</\w+>[^<>"]*$')
+# an element's text and the values after it, up to the next tag
+ELEMENT_VALUES = re.compile(r'>[^<>]*?(\w)[^<>\w]*</a>([^<>"]+)')
 
 
-def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
-  """align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < the reply's start), else 0; `pieces[t]`
-  is token t's text (`tokenizer.decode([t])`)."""
+class TokenText:
+  """A token sequence's text with each token's first character, to map between the two."""
+
+  def __init__(self, ids: list[int], pieces: Sequence[str]):
+    self.starts, text = [], []
+    n = 0
+    for t in ids:
+      self.starts.append(n)
+      text.append(pieces[t])
+      n += len(pieces[t])
+    self.text = "".join(text)
+    self.quoted = [(m.end(), m.end(1) - 1) for m in QUOTED.finditer(self.text)]  # (end, its last character)
+
+  def token_at(self, char: int) -> int:
+    return bisect.bisect_right(self.starts, char) - 1
+
+
+def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < the reply's start), name[s]
+  = s - j at the first token of a looked-up id or value, ids[j] the last word the latest instruction quotes; else 0.
+  `pieces[t]` is token t's text (`tokenizer.decode([t])`)."""
   ids = [int(t) for t in ids]
-  align = np.zeros(len(ids), np.int32)
+  align, name = np.zeros(len(ids), np.int32), np.zeros(len(ids), np.int32)
+  full = None
   for start, end in _runs(loss_mask):
     text, offsets = "", []
     for k in range(start, end):
@@ -35,16 +66,72 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
                  if offsets[k] >= lo and offsets[k] + len(pieces[ids[start + k]]) <= hi]
       if not content:
         continue
-      tokens = [ids[k] for k in content]
+      full = full or TokenText(ids, pieces)
+      quoted = _quoted_name_end(full, start)
+      word = _word(full, quoted) if quoted >= 0 else None
       if m.group(1) == "element":
-        source = _element_text_end(ids, start, tokens, pieces)
+        source = _element_text_end(ids, start, [ids[k] for k in content], pieces)
         if source >= 0:
           align[content[0]] = content[0] - source
+          if word and _word(full, source) == word:  # the instruction names this element
+            name[content[0]] = content[0] - quoted
       else:
-        source = _last_occurrence(ids, start, tokens)
-        if source >= 0:
-          align[content] = np.asarray(content) - (source + np.arange(len(content)))
-  return align
+        at, looked_up = _value_source(full, start, m.group(2), word)
+        if at >= 0:
+          for k in content:  # each token at the same character of the value's occurrence
+            j = full.token_at(at + offsets[k - start] - lo)
+            align[k] = k - j if j < start else 0
+          if looked_up:
+            name[content[0]] = content[0] - quoted
+  return align, name
+
+
+def value_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
+  """links[k] = k - j at each token k of the values after an element (`</a> $12.00 4.5 / 5`), j the last word of
+  that element's text; else 0: what makes a value findable by the name of the element it belongs to."""
+  ids = [int(t) for t in ids]
+  full, links = TokenText(ids, pieces), np.zeros(len(ids), np.int32)
+  for m in ELEMENT_VALUES.finditer(full.text):
+    j = full.token_at(m.start(1))
+    for k in range(full.token_at(m.start(2)), full.token_at(m.end(2) - 1) + 1):
+      if full.starts[k] >= m.start(2) and any(ch.isalnum() for ch in pieces[ids[k]]):
+        links[k] = k - j
+  return links
+
+
+def _quoted_name_end(full: TokenText, upto: int) -> int:
+  """The token of the last character of the last string an instruction quotes before token `upto`; -1: none."""
+  end = full.starts[upto] if upto < len(full.starts) else len(full.text)
+  k = bisect.bisect_right(full.quoted, (end, len(full.text)))
+  return full.token_at(full.quoted[k - 1][1]) if k else -1
+
+
+def _element_before(full: TokenText, char: int) -> int:
+  """The token of the last word of the element right before character `char` (a value after `</a>`); -1: none."""
+  m = ELEMENT_BEFORE.search(full.text, max(0, char - 200), char)
+  return full.token_at(m.start(1)) if m else -1
+
+
+def _value_source(full: TokenText, upto: int, value: str, word: str | None) -> tuple[int, bool]:
+  """(the character where a reply's string is read off before token `upto`, whether it is looked up by `word`): the
+  last occurrence of the string as a whole, or of several, the one after the element whose last word is `word`
+  (the name the instruction quotes); -1 when it is nowhere."""
+  if not value:
+    return -1, False
+  end = full.starts[upto] if upto < len(full.starts) else len(full.text)
+  found = [m.start() for m in re.finditer(r"(?<!\w)" + re.escape(value) + r"(?!\w)", full.text[:end])]
+  for at in reversed(found if word else ()):
+    element = _element_before(full, at)
+    if element >= 0 and _word(full, element) == word:
+      return at, True
+  return (found[-1], False) if found else (-1, False)
+
+
+def _word(full: TokenText, token: int) -> str:
+  """The word a token's last character ends (text of the token and the word characters before it)."""
+  end = full.starts[token + 1] if token + 1 < len(full.starts) else len(full.text)
+  m = re.search(r"\w+\W*$", full.text[max(0, end - 40):end])
+  return m.group(0).strip(" \"'") if m else ""
 
 
 def _runs(mask: Sequence[int]):

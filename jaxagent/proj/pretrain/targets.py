@@ -7,8 +7,12 @@ hundreds, and a plain LM loss reaches it only through the output. Here the corpu
 comes from (`alignment`), so the loss also asks, with a cross-entropy over the keys:
   * `reply_heads` heads of layer `reply_layer`, at the position that predicts a reply's content token, to attend
     to its source (the quoted string's token; for an id, the last word of that element's text);
-  * `link_heads` heads of layer 0, at each word of an element's text, to attend to the element's id token, which
-    is what makes the id readable where the reply's head looks;
+  * `link_heads` heads of layer 0, at each word of an element's text, to attend to the element's id token, and at
+    each value after an element (a listing's price, rating, reviews) to the element's last word: what makes the id
+    readable where the reply's head looks, and a value findable by its element's name;
+  * `name_heads` heads of layer `name_layer`, at the position that predicts a looked-up id or value, to attend to
+    the last word of the name the latest instruction quotes: they bring the name to the reply, however far back
+    the instruction is (a WebRL prompt puts it before the page), for the reply's heads to match on the page;
   * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
     norm and the unembedding), and with `copy_init` their value and output projections start as a copy.
 The architecture stays a plain Llama decoder: the base exports and loads as any other.
@@ -25,7 +29,7 @@ import numpy as np
 from jaxagent.models import layers
 from jaxagent.train.losses import sparse_nll_of_hidden
 
-FIELDS = ("reply_source", "link_source")
+FIELDS = ("reply_source", "link_source", "name_source")
 
 
 def id_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
@@ -89,23 +93,27 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   return nll + (ce * has).sum() / jnp.maximum(has.sum(), 1)
 
 
-def pretrain_loss(max_tokens: int, config, most_reply: int, most_link: int):
-  """The reply-token NLL (`losses.sparse_token_nll`) plus `config.weight` × the heads' target NLLs."""
-  reply_layer, weight = int(config.reply_layer), float(config.weight)
+def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
+  """The reply-token NLL (`losses.sparse_token_nll`) plus `config.weight` × the heads' target NLLs; `most[field]`:
+  the most targets of `field` in a row."""
+  weight = float(config.weight)
+  # (field, layer, heads, shift): shift 1 where the target sits at the token the query predicts (`alignment`)
+  terms = (("reply_source", int(config.reply_layer), int(config.reply_heads), 1),
+           ("link_source", 0, int(config.link_heads), 0),
+           ("name_source", int(config.name_layer), int(config.name_heads), 1))
 
   def loss_fn(model, batch: dict, rng=None):
     del rng
     xs: list = []
     hidden, _ = model.hidden_states(batch["input_ids"], segment_ids=batch["segment_ids"], layer_inputs=xs)
     loss, metrics = sparse_nll_of_hidden(model, hidden, batch, max_tokens)
-    seg = batch["segment_ids"]
-    ids, readout = batch["input_ids"], bool(config.readout)
-    reply = head_nll(model, xs[reply_layer], reply_layer % len(xs), int(config.reply_heads), batch["reply_source"],
-                     1, most_reply, seg, ids, readout)
-    link = (head_nll(model, xs[0], 0, int(config.link_heads), batch["link_source"], 0, most_link, seg, ids, readout)
-            if int(config.link_heads) else jnp.zeros(()))
-    return loss + weight * (reply + link), {**metrics, "reply_nll": loss, "reply_attention": reply,
-                                            "link_attention": link}
+    seg, ids, readout = batch["segment_ids"], batch["input_ids"], bool(config.readout)
+    parts = {}
+    for field, layer, heads, shift in terms:
+      parts[field.replace("_source", "_attention")] = (
+          head_nll(model, xs[layer], layer % len(xs), heads, batch[field], shift, most[field], seg, ids, readout)
+          if heads else jnp.zeros(()))
+    return loss + weight * sum(parts.values()), {**metrics, "reply_nll": loss, **parts}
 
   return loss_fn
 

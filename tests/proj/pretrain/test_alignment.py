@@ -16,7 +16,7 @@ def _encode(prompt: str, reply: str):
 def test_a_typed_string_is_read_off_its_last_occurrence_in_the_prompt():
   prompt = 'Type "xq-9" into the box. <input id="3"> </input> Type "xq-9" here.\n'
   ids, loss, start = _encode(prompt, 'do(action="Type", argument="xq-9", element="3")')
-  align = alignment.alignment(ids, loss, PIECES)
+  align, _ = alignment.alignment(ids, loss, PIECES)
   reply = prompt + 'do(action="Type", argument="'
   for k, ch in enumerate("xq-9"):
     s = len(reply) + k
@@ -29,7 +29,7 @@ def test_a_typed_string_is_read_off_its_last_occurrence_in_the_prompt():
 def test_an_element_id_is_read_off_the_last_word_of_its_element():
   prompt = '<a id="12"> Home </a> <button id="7" type="submit"> Accept all </button> Click "Accept all".\n'
   ids, loss, start = _encode(prompt, 'do(action="Click", element="7")')
-  align = alignment.alignment(ids, loss, PIECES)
+  align, _ = alignment.alignment(ids, loss, PIECES)
   s = start + len('do(action="Click", element="')
   assert PIECES[ids[s]] == "7"
   assert s - align[s] == prompt.index("Accept all </button>") + len("Accept all") - 1  # the 'l' of "all"
@@ -38,4 +38,35 @@ def test_an_element_id_is_read_off_the_last_word_of_its_element():
 
 def test_no_source_no_target():
   ids, loss, _ = _encode("Say something.\n", 'exit(message="zzq")')
-  assert not alignment.alignment(ids, loss, PIECES).any()
+  assert not any(a.any() for a in alignment.alignment(ids, loss, PIECES))
+
+
+def test_an_element_looked_up_by_name_points_back_at_the_name_in_the_instruction():
+  prompt = 'Task Instruction: Open "Acorn Mug".\n<a id="12"> Acorn Mug </a> <a id="13"> Acorn </a> <input placeholder="x y">\n'
+  ids, loss, start = _encode(prompt, 'do(action="Click", element="12")')
+  align, name = alignment.alignment(ids, loss, PIECES)
+  s = start + len('do(action="Click", element="')
+  assert s - align[s] == prompt.index("Mug </a>") + 2  # on the page
+  assert s - name[s] == prompt.index('Mug".') + 2  # in the instruction: the quoted name's last character
+  assert np.count_nonzero(name) == 1
+
+
+def test_a_value_is_read_after_the_element_the_instruction_names():
+  page = '<a id="1"> Tern Lamp </a> $5.00 4.5 / 5 <a id="2"> Wren Mug </a> $7.00 4.5 / 5 <a id="3"> Ox Cup </a> $9.00 4.5'
+  prompt = page + '\nTask Instruction: What is the rating of "Wren Mug"?\n'
+  ids, loss, start = _encode(prompt, 'exit(message="4.5")')
+  align, name = alignment.alignment(ids, loss, PIECES)
+  s = start + len('exit(message="')
+  assert s - align[s] == prompt.index("4.5", prompt.index("Wren Mug")), "the rating after Wren Mug, not the last one"
+  assert s - name[s] == prompt.index('Mug"?') + 2
+  said, said_name = alignment.alignment(*_encode('Answer with "4.5".\n', 'exit(message="4.5")')[:2], PIECES)
+  assert said.any() and not said_name.any()  # a string copied from the instruction looks nothing up
+
+
+def test_value_links_point_a_listings_values_at_its_name():
+  text = '<a id="2"> Wren Mug </a> $7.00 4.5 <nav>'
+  links = alignment.value_links([ord(c) for c in text], PIECES)
+  g = text.index("Mug") + 2
+  for k, ch in enumerate(text):
+    want = k - g if (k > text.index("</a>") + 3 and k < text.index("<nav>") and ch.isalnum()) else 0
+    assert links[k] == want, (k, ch)

@@ -73,17 +73,23 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   batch["reply_source"][0, 8] = 3  # predicts token 9, read off slot 6
   batch["link_source"] = np.zeros_like(batch["input_ids"])
   batch["link_source"][0, 4] = 2
+  batch["name_source"] = np.zeros_like(batch["input_ids"])
+  batch["name_source"][0, 8] = 5
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1,
-                                                readout=False))
+  cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1, name_layer=0,
+                                       name_heads=1, readout=False))
+  most = dict.fromkeys(targets.FIELDS, 4)
   plain, _ = sparse_token_nll(4)(model, batch)
-  off, metrics = targets.pretrain_loss(4, cfg, 4, 4)(model, batch)
+  off, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
   np.testing.assert_allclose(float(off), float(plain), rtol=1e-6)
-  assert float(metrics["reply_attention"]) > 0 and float(metrics["link_attention"]) > 0
+  parts = ("reply_attention", "link_attention", "name_attention")
+  assert all(float(metrics[k]) > 0 for k in parts)
   cfg.weight = 1.0
-  on, metrics = targets.pretrain_loss(4, cfg, 4, 4)(model, batch)
-  np.testing.assert_allclose(float(on), float(plain) + float(metrics["reply_attention"] + metrics["link_attention"]),
-                             rtol=1e-5)
+  on, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
+  np.testing.assert_allclose(float(on), float(plain) + sum(float(metrics[k]) for k in parts), rtol=1e-5)
+  cfg.name_heads = 0
+  _, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
+  assert float(metrics["name_attention"]) == 0.0
 
 
 def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
