@@ -17,7 +17,9 @@ Keys a researcher changes first:
   corpus.worlds     first / count: the pre-training worlds; corpus.walks_per_world × walk_steps pages a world,
                     one conversation a page: a query in WebRL's prompt, then follow-up queries on the same page
                     up to about corpus.sample_chars characters (~ data.seq_len tokens)
-  corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`)
+  corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`), drawn
+                    uniformly from the list (a skill named twice is drawn twice as often; the probes ask each
+                    skill alike)
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
   targets           the attention targets (a named departure, `proj.pretrain.targets`): weight 0 = a plain LM
   data.vocab_size   the BPE fitted on the corpus
@@ -58,7 +60,8 @@ def get_config(arg=None):
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0
 
-  c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,type,search,read,say", walks_per_world=20,
+  c.corpus = ml_collections.ConfigDict(dict(format="webrl", skills="click,click,type,search,read,read,say",
+                                            walks_per_world=20,
                                             walk_steps=8, sample_chars=3500, prompt_chars=15872,
                                             window_chars=700, windows_per_page=3,
                                             window_sample_chars=1200))

@@ -105,7 +105,7 @@ def stage_corpus(config, out):
       window_sample_chars=int(c.window_sample_chars))
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
-                           walk_steps=int(c.walk_steps), per_page=1, skills=skills,
+                           walk_steps=int(c.walk_steps), per_page=1, skills=tuple(dict.fromkeys(skills)),
                            max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1)
   probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
   for name, items in (("samples", train), ("windows", windows)):
