@@ -11,7 +11,9 @@ the id. Tokens with no such source (syntax, ids of elements without text) get no
 
 `name` says where the element a reply looks up is named: at the first token of an id or of a value read off the
 page, the last word of the string the latest instruction quotes (`Click "Office".` -> "Office"); a head that brings
-it to the reply is what lets the look-up match the page's element, however far the instruction is.
+it to the reply is what lets the look-up match the page's element, however far the instruction is. At a string
+copied from the instruction, `name` is `align`: the same heads bring the token being copied (left free there,
+they would bring the quoted string's last word to every token of the copy).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
             align[k] = k - j if j < start else 0
           if looked_up:
             name[content[0]] = content[0] - quoted
+          else:  # a string copied from the instruction: the name heads bring the token copied, as the reply's do
+            name[content] = align[content]
   return align, name
 
 

@@ -60,7 +60,7 @@ def test_a_value_is_read_after_the_element_the_instruction_names():
   assert s - align[s] == prompt.index("4.5", prompt.index("Wren Mug")), "the rating after Wren Mug, not the last one"
   assert s - name[s] == prompt.index('Mug"?') + 2
   said, said_name = alignment.alignment(*_encode('Answer with "4.5".\n', 'exit(message="4.5")')[:2], PIECES)
-  assert said.any() and not said_name.any()  # a string copied from the instruction looks nothing up
+  assert said.any() and (said_name == said).all()  # a string copied from the instruction: the token copied
 
 
 def test_value_links_point_a_listings_values_at_its_name():
