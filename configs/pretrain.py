@@ -20,6 +20,8 @@ Keys a researcher changes first:
   corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`), drawn
                     uniformly from the list (a skill named twice is drawn twice as often; the probes ask each
                     skill alike)
+  corpus.quotes     how queries quote a name or a string (of `corpus.QUOTES`: straight "X", curly “X”, bare X for
+                    a name), drawn uniformly; the probes ask in the same styles and report each
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
   targets           the attention targets (a named departure, `proj.pretrain.targets`): weight 0 = a plain LM
   data.vocab_size   the BPE fitted on the corpus
@@ -64,7 +66,7 @@ def get_config(arg=None):
                                             walks_per_world=20,
                                             walk_steps=8, sample_chars=3500, prompt_chars=15872,
                                             window_chars=700, windows_per_page=3,
-                                            window_sample_chars=1200))
+                                            window_sample_chars=1200, quotes="straight,curly,bare"))
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
   c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))

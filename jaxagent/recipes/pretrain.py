@@ -72,6 +72,9 @@ def check_config(config) -> None:
   skills = [s.strip() for s in config.corpus.skills.split(",") if s.strip()]
   if not skills or set(skills) - set(corpus.SKILLS):
     raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: name one or more of {corpus.SKILLS}")
+  quotes = [s.strip() for s in config.corpus.quotes.split(",") if s.strip()]
+  if not quotes or set(quotes) - set(corpus.QUOTES):
+    raise ValueError(f"config.corpus.quotes={config.corpus.quotes!r}: name one or more of {tuple(corpus.QUOTES)}")
 
 
 def run(config, workdir: str) -> dict:
@@ -96,17 +99,21 @@ def _skills(config) -> tuple[str, ...]:
   return tuple(s.strip() for s in config.corpus.skills.split(",") if s.strip())
 
 
+def _quotes(config) -> tuple[str, ...]:
+  return tuple(s.strip() for s in config.corpus.quotes.split(",") if s.strip())
+
+
 def stage_corpus(config, out):
   c, skills = config.corpus, _skills(config)
   train, windows = corpus.samples(
       int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world), walk_steps=int(c.walk_steps),
       sample_chars=int(c.sample_chars), skills=skills, max_prompt_chars=int(c.prompt_chars), seed=int(config.seed),
       window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0,
-      window_sample_chars=int(c.window_sample_chars))
+      window_sample_chars=int(c.window_sample_chars), quotes=_quotes(config))
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
                            walk_steps=int(c.walk_steps), per_page=1, skills=tuple(dict.fromkeys(skills)),
-                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1)
+                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1, quotes=_quotes(config))
   probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
   for name, items in (("samples", train), ("windows", windows)):
     with open(os.path.join(out, f"{name}.jsonl"), "w", encoding="utf-8") as f:
@@ -114,8 +121,8 @@ def stage_corpus(config, out):
         f.write(json.dumps(item, ensure_ascii=False) + "\n")
   with open(os.path.join(out, "probes.jsonl"), "w", encoding="utf-8") as f:
     for k, ex in enumerate(probes):
-      f.write(json.dumps({**ex.sample(f"probe-{k}"), "skill": ex.skill, "element": ex.element, "text": ex.text},
-                         ensure_ascii=False) + "\n")
+      f.write(json.dumps({**ex.sample(f"probe-{k}"), "skill": ex.skill, "element": ex.element, "text": ex.text,
+                          "style": ex.style}, ensure_ascii=False) + "\n")
   replies = [t["value"] for it in train for t in it["conversations"][1::2]]
   return {"samples": len(train), "windows": len(windows), "replies": len(replies), "probes": len(probes),
           "probe_skills": dict(collections.Counter(ex.skill for ex in probes)),
@@ -215,22 +222,24 @@ def stage_probes(config, workdir, out):
   requests = [GenerationRequest(prompt=engine.training_prompt(it["conversations"][:1]), max_tokens=int(config.probes.max_tokens), temperature=0.0) for it in items]
   replies = [r.text for r in engine.generate(requests)]
   per_skill: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+  per_style: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
   rows = []
   for it, reply in zip(items, replies):
     action = fmt.parse(reply)
-    s = per_skill[it["skill"]]
-    if it["element"]:
-      s["grounding"].append(float(action.element is not None and str(action.element) == it["element"]))
-    if it["text"]:
-      s["copy"].append(float(action.text == it["text"]))
-    s["exact"].append(float(reply.strip() == it["conversations"][1]["value"].strip()))
+    for s in (per_skill[it["skill"]], per_style[it.get("style", "straight")]):
+      if it["element"]:
+        s["grounding"].append(float(action.element is not None and str(action.element) == it["element"]))
+      if it["text"]:
+        s["copy"].append(float(action.text == it["text"]))
+      s["exact"].append(float(reply.strip() == it["conversations"][1]["value"].strip()))
     rows.append({"id": it["id"], "skill": it["skill"], "reply": reply, "want": it["conversations"][1]["value"]})
   write_json(os.path.join(out, "replies.json"), rows)
-  table = {skill: {k: float(np.mean(v)) for k, v in m.items()} | {"n": len(m["exact"])}
-           for skill, m in sorted(per_skill.items())}
+  table = lambda per: {name: {k: float(np.mean(v)) for k, v in m.items()} | {"n": len(m["exact"])}
+                       for name, m in sorted(per.items())}
   pooled = lambda key: [x for m in per_skill.values() for x in m.get(key, [])]
   return {"grounding": float(np.mean(pooled("grounding"))), "copy": float(np.mean(pooled("copy"))),
-          "exact": float(np.mean(pooled("exact"))), "n": len(items), "by_skill": table}
+          "exact": float(np.mean(pooled("exact"))), "n": len(items), "by_skill": table(per_skill),
+          "by_style": table(per_style)}
 
 
 # ------------------------------------------------------------------------------------------ the base for recipes

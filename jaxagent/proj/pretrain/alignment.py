@@ -10,8 +10,9 @@ causal model has read both the element's id and its name, so one attention can l
 the id. Tokens with no such source (syntax, ids of elements without text) get no target.
 
 `name` says where the element a reply looks up is named: at the first token of an id or of a value read off the
-page, the last word of the string the latest instruction quotes (`Click "Office".` -> "Office"); a head that brings
-it to the reply is what lets the look-up match the page's element, however far the instruction is. At a string
+page, that element's last word in the latest instruction (`Click "Office".`, `Open Office.` -> "Office"), however
+it quotes; a head that brings it to the reply is what lets the look-up match the page's element, however far the
+instruction is. At a string
 copied from the instruction, `name` is `align`: the same heads bring the token being copied (left free there,
 they would bring the quoted string's last word to every token of the copy).
 """
@@ -25,8 +26,8 @@ from typing import Sequence
 import numpy as np
 
 VALUE = re.compile(r'(element|argument|message)="([^"]*)"')
-# an instruction's quoted string: an opening quote after neither `=` nor a word (HTML attributes open after `=`)
-QUOTED = re.compile(r'(?<![=\w])"([^"<>=\n]{1,80})"')
+# an instruction, in WebRL's prompt and in a follow-up turn alike
+INSTRUCTION = re.compile(r"Task Instruction: ([^\n]*)")
 # the last word of an element's text just before a value: `<a id="3"> Acorn Mug </a> $12.00 4.5` -> "Mug"
 ELEMENT_BEFORE = re.compile(r'>[^<>]*?(\w)[^<>\w]*</\w+>[^<>"]*$')
 # an element's text and the values after it, up to the next tag
@@ -44,7 +45,7 @@ class TokenText:
       text.append(pieces[t])
       n += len(pieces[t])
     self.text = "".join(text)
-    self.quoted = [(m.end(), m.end(1) - 1) for m in QUOTED.finditer(self.text)]  # (end, its last character)
+    self.instructions = [(m.end(1), m.start(1)) for m in INSTRUCTION.finditer(self.text)]  # (end, start)
 
   def token_at(self, char: int) -> int:
     return bisect.bisect_right(self.starts, char) - 1
@@ -69,23 +70,23 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
       if not content:
         continue
       full = full or TokenText(ids, pieces)
-      quoted = _quoted_name_end(full, start)
-      word = _word(full, quoted) if quoted >= 0 else None
+      span = _instruction(full, start)
       if m.group(1) == "element":
         source = _element_text_end(ids, start, [ids[k] for k in content], pieces)
         if source >= 0:
           align[content[0]] = content[0] - source
-          if word and _word(full, source) == word:  # the instruction names this element
-            name[content[0]] = content[0] - quoted
+          named = _named(full, span, _word(full, source))  # where the instruction names this element, if it does
+          if named >= 0:
+            name[content[0]] = content[0] - named
       else:
-        at, looked_up = _value_source(full, start, m.group(2), word)
+        at, named = _value_source(full, start, m.group(2), span)
         if at >= 0:
           for k in content:  # each token at the same character of the value's occurrence
             j = full.token_at(at + offsets[k - start] - lo)
             align[k] = k - j if j < start else 0
-          if looked_up:
-            name[content[0]] = content[0] - quoted
-          else:  # a string copied from the instruction: the name heads bring the token copied, as the reply's do
+          if named >= 0:
+            name[content[0]] = content[0] - named
+          elif _element_before(full, at) < 0:  # copied from the instruction: the name heads bring the token copied
             name[content] = align[content]
   return align, name
 
@@ -103,11 +104,20 @@ def value_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
   return links
 
 
-def _quoted_name_end(full: TokenText, upto: int) -> int:
-  """The token of the last character of the last string an instruction quotes before token `upto`; -1: none."""
+def _instruction(full: TokenText, upto: int) -> tuple[int, int]:
+  """The characters (start, end) of the latest instruction before token `upto`; (0, 0) when there is none."""
   end = full.starts[upto] if upto < len(full.starts) else len(full.text)
-  k = bisect.bisect_right(full.quoted, (end, len(full.text)))
-  return full.token_at(full.quoted[k - 1][1]) if k else -1
+  k = bisect.bisect_right(full.instructions, (end, end))
+  return (full.instructions[k - 1][1], full.instructions[k - 1][0]) if k else (0, 0)
+
+
+def _named(full: TokenText, span: tuple[int, int], word: str) -> int:
+  """The token of the last character of `word`'s last whole-word occurrence in the characters `span`; -1: none."""
+  last = None
+  if word:
+    for last in re.finditer(r"(?<!\w)" + re.escape(word) + r"(?!\w)", full.text[span[0]:span[1]]):
+      pass
+  return full.token_at(span[0] + last.end() - 1) if last else -1
 
 
 def _element_before(full: TokenText, char: int) -> int:
@@ -116,26 +126,27 @@ def _element_before(full: TokenText, char: int) -> int:
   return full.token_at(m.start(1)) if m else -1
 
 
-def _value_source(full: TokenText, upto: int, value: str, word: str | None) -> tuple[int, bool]:
-  """(the character where a reply's string is read off before token `upto`, whether it is looked up by `word`): the
-  last occurrence of the string as a whole, or of several, the one after the element whose last word is `word`
-  (the name the instruction quotes); -1 when it is nowhere."""
+def _value_source(full: TokenText, upto: int, value: str, span: tuple[int, int]) -> tuple[int, int]:
+  """(the character where a reply's string is read off before token `upto`, the token where the instruction
+  `span` names the element it follows, or -1): the last occurrence of the string as a whole, or of several, the
+  one after an element the instruction names; -1 when it is nowhere."""
   if not value:
-    return -1, False
+    return -1, -1
   end = full.starts[upto] if upto < len(full.starts) else len(full.text)
   found = [m.start() for m in re.finditer(r"(?<!\w)" + re.escape(value) + r"(?!\w)", full.text[:end])]
-  for at in reversed(found if word else ()):
+  for at in reversed(found):
     element = _element_before(full, at)
-    if element >= 0 and _word(full, element) == word:
-      return at, True
-  return (found[-1], False) if found else (-1, False)
+    named = _named(full, span, _word(full, element)) if element >= 0 else -1
+    if named >= 0:
+      return at, named
+  return (found[-1], -1) if found else (-1, -1)
 
 
 def _word(full: TokenText, token: int) -> str:
   """The word a token's last character ends (text of the token and the word characters before it)."""
   end = full.starts[token + 1] if token + 1 < len(full.starts) else len(full.text)
-  m = re.search(r"\w+\W*$", full.text[max(0, end - 40):end])
-  return m.group(0).strip(" \"'") if m else ""
+  m = re.search(r"(\w+)\W*$", full.text[max(0, end - 40):end])
+  return m.group(1) if m else ""
 
 
 def _runs(mask: Sequence[int]):

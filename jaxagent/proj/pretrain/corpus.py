@@ -12,6 +12,10 @@ the reply is the action that answers it (a training conversation asks several on
   read    'What is the price of "P"?' (price / rating / reviews / author) -> exit(message="<value on the page>")
   say     'Answer with "S".'                               -> exit(message="S")
 
+Each query quotes in one of the styles `QUOTES` (straight "X", curly “X”, or a name left bare: `Open Acorn.`), so
+that a look-up does not hang on one quoting convention; a string to copy is always quoted (curly where the style is
+bare), as a bare one would not say where it ends.
+
 S is drawn at random (words from nonsense syllables, codes, numbers), so only copying it from the instruction
 predicts it; X and P are elements of the page (never a held-out brand of the benchmark, `bench.HELD_OUT_BRANDS`),
 named uniquely on it. No benchmark intent, demonstration or evaluated world enters: the queries are generic
@@ -30,6 +34,7 @@ from jaxagent.envs.sites import bench, linkgraph, textpage
 from jaxagent.types import Action, ActionKind
 
 SKILLS = ("click", "type", "search", "read", "say")
+QUOTES = {"straight": ('"', '"'), "curly": ("\u201c", "\u201d"), "bare": ("", "")}
 FORMATS = ("webrl",)
 # World seeds the benchmark and the recipes evaluate on are the global seeds (0, 1, 2, ...); pre-training and
 # its probes keep to seeds at or above this.
@@ -52,6 +57,7 @@ class Example:
   reply: str
   element: str = ""  # the id the reply names (click / type / search)
   text: str = ""  # the string the reply types or answers
+  style: str = "straight"  # how the query quotes (`QUOTES`)
 
   def sample(self, sample_id: str) -> dict:
     return {"id": sample_id, "images": [], "conversations": [{"from": "human", "value": self.prompt},
@@ -103,39 +109,48 @@ def _fields(html: str) -> dict[str, str]:
   return out
 
 
-def _click(rng, html):
+def _quoting(style: str):
+  """(wrap a name, wrap a string to copy) in a quoting style."""
+  (a, b), (c, d) = QUOTES[style], QUOTES[style if style != "bare" else "curly"]
+  return (lambda x: f"{a}{x}{b}"), (lambda x: f"{c}{x}{d}")
+
+
+def _click(rng, html, style):
   names = _unique_elements(html)
   if not names:
     return None
   text = rng.choice(sorted(names))
   tag, eid = names[text]
   what = {"a": "link", "button": "button"}.get(tag, "element")
-  query = rng.choice((f'Click the {what} "{text}".', f'Open "{text}".', f'Select the {what} labelled "{text}".',
-                      f'Follow the "{text}" {what}.'))
+  q, _ = _quoting(style)
+  query = rng.choice((f"Click the {what} {q(text)}.", f"Open {q(text)}.", f"Select the {what} labelled {q(text)}.",
+                      f"Follow the {q(text)} {what}."))
   return query, Action(ActionKind.CLICK, element=int(eid)), eid, ""
 
 
-def _type(rng, html):
+def _type(rng, html, style):
   fields = _fields(html)
   if not fields:
     return None
   name = rng.choice(sorted(fields))
   s = random_string(rng)
-  query = rng.choice((f'Type "{s}" into the "{name}" field.', f'Enter "{s}" in "{name}".',
-                      f'Fill "{name}" with "{s}".'))
+  q, c = _quoting(style)
+  query = rng.choice((f"Type {c(s)} into the {q(name)} field.", f"Enter {c(s)} in {q(name)}.",
+                      f"Fill {q(name)} with {c(s)}."))
   return query, Action(ActionKind.TYPE, element=int(fields[name]), text=s), fields[name], s
 
 
-def _search(rng, html):
+def _search(rng, html, style):
   box = re.search(r'<input id="(\d+)" type="search"', html)
   if box is None:
     return None
   s = random_string(rng)
-  query = rng.choice((f'Search for "{s}".', f'Look up "{s}" with the search box.', f'Find "{s}".'))
+  _, c = _quoting(style)
+  query = rng.choice((f"Search for {c(s)}.", f"Look up {c(s)} with the search box.", f"Find {c(s)}."))
   return query, Action(ActionKind.TYPE, element=int(box.group(1)), text=s, enter=True), box.group(1), s
 
 
-def _read(rng, html):
+def _read(rng, html, style):
   rows = [r for r in _LISTING.findall(html) if not _held_out(r[1])]
   names = [r[1] for r in rows]
   rows = [r for r in rows if names.count(r[1]) == 1]
@@ -143,29 +158,31 @@ def _read(rng, html):
     return None
   _, name, price, rating, reviews = rng.choice(rows)
   field, value = rng.choice((("price", price), ("rating", rating), ("number of reviews", reviews)))
-  query = rng.choice((f'What is the {field} of "{name}"?', f'Tell me the {field} of "{name}".'))
+  q, _ = _quoting(style)
+  query = rng.choice((f"What is the {field} of {q(name)}?", f"Tell me the {field} of {q(name)}."))
   return query, Action(ActionKind.ANSWER, text=value), "", value
 
 
-def _say(rng, html):
+def _say(rng, html, style):
   del html
   s = random_string(rng)
-  query = rng.choice((f'Answer with "{s}".', f'Reply "{s}" and stop.', f'Finish with the message "{s}".'))
+  _, c = _quoting(style)
+  query = rng.choice((f"Answer with {c(s)}.", f"Reply {c(s)} and stop.", f"Finish with the message {c(s)}."))
   return query, Action(ActionKind.ANSWER, text=s), "", s
 
 
 _MAKERS = {"click": _click, "type": _type, "search": _search, "read": _read, "say": _say}
 
 
-def _query(rng: random.Random, html: str, skills: tuple[str, ...]):
-  """One skill query on the page: (query, reply, element id, string), or None when the drawn skill has nothing
-  to act on here."""
-  skill = rng.choice(skills)
-  made = _MAKERS[skill](rng, html)
+def _query(rng: random.Random, html: str, skills: tuple[str, ...], quotes: tuple[str, ...] = ("straight",)):
+  """One skill query on the page: (query, reply, element id, string, skill, style), or None when the drawn skill
+  has nothing to act on here."""
+  skill, style = rng.choice(skills), rng.choice(quotes)
+  made = _MAKERS[skill](rng, html, style)
   if made is None:
     return None
   query, action, eid, text = made
-  return query, render_call(action), eid, text, skill
+  return query, render_call(action), eid, text, skill, style
 
 
 def _history(rng: random.Random) -> list[str]:
@@ -173,24 +190,25 @@ def _history(rng: random.Random) -> list[str]:
 
 
 def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
-                  max_prompt_chars: int) -> list[Example]:
+                  max_prompt_chars: int, quotes: tuple[str, ...] = tuple(QUOTES)) -> list[Example]:
   """Up to `per_page` single queries on one page (its compact simplified HTML), each in WebRL's prompt with 0-2
   earlier rounds: the probes' form, exactly what a recipe's policy reads."""
   out = []
   for _ in range(per_page):
-    made = _query(rng, html, skills)
+    made = _query(rng, html, skills, quotes)
     if made is not None:
-      query, reply, eid, text, skill = made
-      out.append(Example(skill, webrl_prompt(query, _history(rng), html, max_prompt_chars), reply, eid, text))
+      query, reply, eid, text, skill, style = made
+      out.append(Example(skill, webrl_prompt(query, _history(rng), html, max_prompt_chars), reply, eid, text,
+                         style))
   return out
 
 
 def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prompt_chars: int,
-                sample_chars: int, sample_id: str) -> dict | None:
+                sample_chars: int, sample_id: str, quotes: tuple[str, ...] = tuple(QUOTES)) -> dict | None:
   """A training conversation on one page: the first query in WebRL's prompt (the format recipes act in), then
   follow-up turns `Task Instruction: <query>` on the same page until the conversation holds about `sample_chars`
   characters: many supervised replies for one read of a long page."""
-  first = _query(rng, html, skills)
+  first = _query(rng, html, skills, quotes)
   if first is None:
     return None
   turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng), html, max_prompt_chars)},
@@ -199,7 +217,7 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
   used, tries = 0, 0
   while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
     tries += 1
-    made = _query(rng, html, skills)
+    made = _query(rng, html, skills, quotes)
     if made is None:
       continue
     turns += [{"from": "human", "value": f"Task Instruction: {made[0]}"}, {"from": "gpt", "value": made[1]}]
@@ -225,12 +243,13 @@ def pages(first_world: int, num_worlds: int, walks_per_world: int, walk_steps: i
 
 
 def examples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, per_page: int,
-             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0) -> list[Example]:
+             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
+             quotes: tuple[str, ...] = tuple(QUOTES)) -> list[Example]:
   """Single queries (the probes' form) over worlds `first_world` .. `first_world + num_worlds - 1`."""
   rng = random.Random(f"examples/{seed}")
   out = []
   for html in pages(first_world, num_worlds, walks_per_world, walk_steps, seed):
-    out += page_examples(rng, html, skills, per_page, max_prompt_chars)
+    out += page_examples(rng, html, skills, per_page, max_prompt_chars, quotes)
   return out
 
 
@@ -248,20 +267,20 @@ def window(rng: random.Random, html: str, chars: int) -> str:
 
 def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, sample_chars: int,
             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
-            window_chars: int = 0, windows_per_page: int = 0, window_sample_chars: int = 0
-            ) -> tuple[list[dict], list[dict]]:
+            window_chars: int = 0, windows_per_page: int = 0, window_sample_chars: int = 0,
+            quotes: tuple[str, ...] = tuple(QUOTES)) -> tuple[list[dict], list[dict]]:
   """(the training conversations on whole pages (`page_sample`, one a page), those on `windows_per_page` windows
   of `window_chars` characters of each page, each up to about `window_sample_chars` characters) over worlds
   `first_world` ..."""
   rng = random.Random(f"samples/{seed}")
   whole, parts = [], []
   for k, html in enumerate(pages(first_world, num_worlds, walks_per_world, walk_steps, seed)):
-    made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"page-{k}")
+    made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"page-{k}", quotes)
     if made is not None:
       whole.append(made)
     for j in range(windows_per_page if window_chars > 0 else 0):
       made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, window_sample_chars,
-                         f"window-{k}-{j}")
+                         f"window-{k}-{j}", quotes)
       if made is not None:
         parts.append(made)
   return whole, parts

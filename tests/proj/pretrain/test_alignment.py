@@ -1,10 +1,11 @@
 """The pre-training loss's attention targets: each reply's content read off the right prompt token."""
 
 import numpy as np
+import pytest
 
 from jaxagent.proj.pretrain import alignment
 
-PIECES = [chr(c) for c in range(128)]  # a character-level "tokenizer": token c is the character chr(c)
+PIECES = [chr(c) for c in range(0x2100)]  # a character-level "tokenizer": token c is the character chr(c)
 
 
 def _encode(prompt: str, reply: str):
@@ -70,3 +71,12 @@ def test_value_links_point_a_listings_values_at_its_name():
   for k, ch in enumerate(text):
     want = k - g if (k > text.index("</a>") + 3 and k < text.index("<nav>") and ch.isalnum()) else 0
     assert links[k] == want, (k, ch)
+
+
+@pytest.mark.parametrize("query", ['Open \u201cAcorn Mug\u201d.', "Open Acorn Mug.", 'Open "Acorn Mug".'])
+def test_the_name_is_found_in_the_instruction_however_it_quotes(query):
+  prompt = f'Task Instruction: {query}\n<a id="12"> Acorn Mug </a> <a id="13"> Mug </a>\n'
+  ids, loss, start = _encode(prompt, 'do(action="Click", element="12")')
+  _, name = alignment.alignment(ids, loss, PIECES)
+  s = start + len('do(action="Click", element="')
+  assert s - name[s] == prompt.index("Mug") + 2

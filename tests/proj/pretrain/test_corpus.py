@@ -1,6 +1,7 @@
 """The pre-training corpus teaches skills on pages of unevaluated worlds: every reply is right for its query and
 page, copied strings are random, and no evaluation world enters."""
 
+import collections
 import random
 import re
 
@@ -27,6 +28,7 @@ def _element_text(html: str, eid: str) -> str:
 
 def test_every_reply_answers_its_query_on_its_page(samples):
   checked = {"click": 0, "type": 0, "search": 0, "read": 0, "say": 0}
+  styles = collections.Counter()
   for item in samples:
     turns = item["conversations"]
     html = current_html(turns[0]["value"] + "\n\n<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n")
@@ -34,22 +36,27 @@ def test_every_reply_answers_its_query_on_its_page(samples):
       assert "seed 100" in html  # a page of world 1000 or 1001 (the sites' footer names its world)
     for human, gpt in zip(turns[0::2], turns[1::2]):
       query = re.search(r"Task Instruction: (.*?)(?:\n|$)", human["value"]).group(1)
-      quoted = re.findall(r'"([^"]*)"', query)
+      quoted = re.findall(r'"([^"]*)"|\u201c([^\u201d]*)\u201d', query)
+      quoted = [a or b for a, b in quoted]
+      styles.update(["curly" if "\u201c" in query else "straight" if '"' in query else "bare"])
       action = FMT.parse(gpt["value"])
       assert action.kind != ActionKind.INVALID, gpt["value"]
       if action.kind == ActionKind.CLICK:
-        assert _element_text(html, str(action.element)) == quoted[0], (query, gpt["value"])
+        name = _element_text(html, str(action.element))
+        assert (name == quoted[0]) if quoted else (name in query), (query, gpt["value"])
         checked["click"] += 1
       elif action.kind == ActionKind.TYPE:
         assert action.text in quoted and (action.enter or f'id="{action.element}"' in html)
         checked["search" if action.enter else "type"] += 1
       elif query.startswith(("What is", "Tell me")):
-        assert re.search(re.escape(quoted[0]) + r" </a> [^<]*" + re.escape(action.text), html), (query, action)
+        name = quoted[0] if quoted else re.search(r"(?:price|rating|reviews) of (.+?)[?.]$", query).group(1)
+        assert re.search(re.escape(name) + r" </a> [^<]*" + re.escape(action.text), html), (query, action)
         checked["read"] += 1
       else:
         assert action.kind == ActionKind.ANSWER and action.text == quoted[0]
         checked["say"] += 1
   assert all(n > 0 for n in checked.values()), checked
+  assert set(styles) == set(corpus.QUOTES), styles  # every quoting style, copies quoted in each
   assert sum(len(it["conversations"]) // 2 for it in samples) > 5 * len(samples)  # follow-ups on each page
 
 
