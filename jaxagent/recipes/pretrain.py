@@ -69,12 +69,10 @@ def check_config(config) -> None:
   for key in ("reply_heads", "link_heads", "name_heads"):
     if not 0 <= int(t[key]) <= int(d.num_heads):
       raise ValueError(f"config.targets.{key}={t[key]}: between 0 and model.decoder.num_heads={d.num_heads}")
-  skills = [s.strip() for s in config.corpus.skills.split(",") if s.strip()]
-  if not skills or set(skills) - set(corpus.SKILLS):
-    raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: name one or more of {corpus.SKILLS}")
-  quotes = [s.strip() for s in config.corpus.quotes.split(",") if s.strip()]
-  if not quotes or set(quotes) - set(corpus.QUOTES):
-    raise ValueError(f"config.corpus.quotes={config.corpus.quotes!r}: name one or more of {tuple(corpus.QUOTES)}")
+  for key, known in (("skills", tuple(corpus.SKILLS)), ("quotes", tuple(corpus.QUOTES))):
+    names = _names(config.corpus[key])
+    if not names or set(names) - set(known):
+      raise ValueError(f"config.corpus.{key}={config.corpus[key]!r}: name one or more of {known}")
 
 
 def run(config, workdir: str) -> dict:
@@ -95,25 +93,22 @@ def run(config, workdir: str) -> dict:
 # ------------------------------------------------------------------------------------------ stages
 
 
-def _skills(config) -> tuple[str, ...]:
-  return tuple(s.strip() for s in config.corpus.skills.split(",") if s.strip())
-
-
-def _quotes(config) -> tuple[str, ...]:
-  return tuple(s.strip() for s in config.corpus.quotes.split(",") if s.strip())
+def _names(value: str) -> tuple[str, ...]:
+  """A comma-separated config value's names, in order, repeats kept (`corpus.skills` weights by them)."""
+  return tuple(s.strip() for s in value.split(",") if s.strip())
 
 
 def stage_corpus(config, out):
-  c, skills = config.corpus, _skills(config)
+  c, skills, quotes = config.corpus, _names(config.corpus.skills), _names(config.corpus.quotes)
   train, windows = corpus.samples(
       int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world), walk_steps=int(c.walk_steps),
       sample_chars=int(c.sample_chars), skills=skills, max_prompt_chars=int(c.prompt_chars), seed=int(config.seed),
       window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0,
-      window_sample_chars=int(c.window_sample_chars), quotes=_quotes(config))
+      window_sample_chars=int(c.window_sample_chars), quotes=quotes)
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
                            walk_steps=int(c.walk_steps), per_page=1, skills=tuple(dict.fromkeys(skills)),
-                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1, quotes=_quotes(config))
+                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1, quotes=quotes)
   probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
   for name, items in (("samples", train), ("windows", windows)):
     with open(os.path.join(out, f"{name}.jsonl"), "w", encoding="utf-8") as f:

@@ -80,3 +80,14 @@ def test_bad_bases_are_refused_naming_the_key(tmp_path):
   bad.probes.worlds.first = bad.corpus.worlds.first
   with pytest.raises(ValueError, match="overlap"):
     pretrain.check_config(bad)
+
+
+@pytest.mark.parametrize("key,value,match", [("corpus.skills", "click,fly", "corpus.skills"),
+                                             ("corpus.quotes", "straight,angled", "corpus.quotes"),
+                                             ("targets.name_layer", -1, "name_layer")])
+def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, match):
+  bad = pretrain_config.get_config("smoke")
+  section, field = key.split(".")
+  bad[section][field] = value
+  with pytest.raises(ValueError, match=match):
+    pretrain.check_config(bad)

@@ -3,18 +3,18 @@
     align, name = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token ids[s] is read off ids[j]
 
 A reply's content is the value of its `element=`, `argument=` or `message=`. A typed or answered string is sourced
-at its last occurrence (as the same tokens) before the reply: the query's quoted string, or the page's value (of
-several equal values, the one that follows the element the latest instruction names). An element id is sourced at
-the last word of that element's text on the page (`<a id="26"> Office </a>` -> " Office"): the position where a
-causal model has read both the element's id and its name, so one attention can look the name up there and read
-the id. Tokens with no such source (syntax, ids of elements without text) get no target.
+at its last occurrence (as text, each reply token at the token holding the same character) before the reply: the
+query's quoted string, or the page's value (of several equal values, the one that follows the element the latest
+instruction names). An element id is sourced at the last word of that element's text on the page
+(`<a id="26"> Office </a>` -> " Office"): the position where a causal model has read both the element's id and its
+name, so one attention can look the name up there and read the id. Tokens with no such source (syntax, ids of
+elements without text) get no target.
 
 `name` says where the element a reply looks up is named: at the first token of an id or of a value read off the
 page, that element's last word in the latest instruction (`Click "Office".`, `Open Office.` -> "Office"), however
 it quotes; a head that brings it to the reply is what lets the look-up match the page's element, however far the
-instruction is. At a string
-copied from the instruction, `name` is `align`: the same heads bring the token being copied (left free there,
-they would bring the quoted string's last word to every token of the copy).
+instruction is. At a string copied from the instruction, `name` is `align`: the same heads bring the token being
+copied (left free there, they would bring the name's last word to every token of the copy).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class TokenText:
 
 
 def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < the reply's start), name[s]
-  = s - j at the first token of a looked-up id or value, ids[j] the last word the latest instruction quotes; else 0.
+  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < the reply's start); name[s]
+  = s - j at the first token of a looked-up id or value, ids[j] where the latest instruction names it (at a copied
+  string, name = align); else 0.
   `pieces[t]` is token t's text (`tokenizer.decode([t])`)."""
   ids = [int(t) for t in ids]
   align, name = np.zeros(len(ids), np.int32), np.zeros(len(ids), np.int32)
@@ -161,14 +162,6 @@ def _runs(mask: Sequence[int]):
       e += 1
     yield s, e
     s = e
-
-
-def _last_occurrence(ids: list[int], upto: int, tokens: list[int]) -> int:
-  n = len(tokens)
-  for j in range(upto - n, -1, -1):
-    if ids[j:j + n] == tokens:
-      return j
-  return -1
 
 
 def _element_text_end(ids: list[int], upto: int, tokens: list[int], pieces: Sequence[str]) -> int:
