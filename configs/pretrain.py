@@ -69,7 +69,7 @@ def get_config(arg=None):
                                             window_chars=700, windows_per_page=3,
                                             window_sample_chars=1200, quotes="straight,curly,bare"))
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
-  c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=48))
+  c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=96))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))
 
   # the warm-up on windows of the pages in short rows, then the whole pages from its weights
@@ -85,7 +85,7 @@ def get_config(arg=None):
     c.data.update(vocab_size=1024, seq_len=1024)
     c.corpus.update(walks_per_world=3, walk_steps=3, prompt_chars=1200, sample_chars=2000)
     c.corpus.worlds.count = 2
-    c.probes.update(walks_per_world=2, examples=8, max_tokens=24)
+    c.probes.update(walks_per_world=2, examples=8, max_tokens=48)
     c.probes.worlds.count = 1
     c.pretrain.train.update(steps=3, batch_size=2)
     c.warmup.train.update(steps=2, batch_size=2)

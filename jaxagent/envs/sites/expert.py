@@ -29,9 +29,20 @@ FORMAT_OBSERVATION = {"webvoyager": "som", "webvoyager_text": "a11y", "webvoyage
 # screen points, `autoui_text` names the simplified HTML's element.
 PHONE_FORMATS = ("autoui", "autoui_text")
 DONE_TEXT = "Done."
+FINISHED = "The task is complete."  # the expert's thought before it answers
 # Cleared before the oracle's next step: a perturbed episode's interstitial and its transient error page.
 INTERRUPTS = ("#popup-close", "#retry")
 DEAL = "#deal"  # the risky shortcut a perturbed episode may offer (the expert never takes it)
+
+
+def intention(op: str, text: str) -> str:
+  """The expert's thought before a click or a typing (`op`), `text` the element's text or the string typed."""
+  return f"I will type \"{text}\" into the field." if op == "type" else f"I will click \"{text}\"."
+
+
+def webrl_note(thought: str) -> str:
+  """A thought as WebRL's comment line says it (`# Element:` / `# Note:`, §3.3); `WebRL.render` writes the `# `."""
+  return f"Note: {thought}"
 
 
 def target_selectors(oracle: Sequence[dict[str, Any]]) -> list[str]:
@@ -110,7 +121,7 @@ class ScriptedExpert:
     if self.phone:
       thought = ""  # AutoUI's "Action Plan" lists action types, not prose; render fills in the action's own
     elif self.format_name == "webrl":
-      thought = f"Note: {thought}"  # WebRL's comment line convention (`# Element:` / `# Note:`, §3.3)
+      thought = webrl_note(thought)
     return self.fmt.render(action, thought)
 
   def next_action(self, obs: Observation, history: Sequence[Step], slot: int = 0) -> tuple[Action, str]:
@@ -170,7 +181,7 @@ class ScriptedExpert:
   # ------------------------------------------------------------------------------------------- helpers
 
   def _finish(self, text: str) -> tuple[Action, str]:
-    return Action(ActionKind.ANSWER, text=text if not self.phone else ""), "The task is complete."
+    return Action(ActionKind.ANSWER, text=text if not self.phone else ""), FINISHED
 
   def _rewind(self, prog: _Progress, oracle: list[dict[str, Any]], targets: dict[str, Any]) -> bool:
     """After a detour (a noisy action, a back too far) resume from the latest earlier oracle step whose target
@@ -192,10 +203,7 @@ class ScriptedExpert:
 
   @staticmethod
   def _thought(step: dict[str, Any]) -> str:
-    what = step.get("text") or step["selector"]
-    if step["op"] == "type":
-      return f"I will type \"{step['text']}\" into the field."
-    return f"I will click \"{what}\"."
+    return intention(step["op"], step["text"] if step["op"] == "type" else step.get("text") or step["selector"])
 
   def _scroll_needed(self, obs: Observation, target: dict[str, Any]) -> str:
     if self.observation == "html":  # WebRL's ids cover the whole page; a click scrolls its element into view

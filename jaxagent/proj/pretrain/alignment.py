@@ -2,19 +2,21 @@
 
     align, name = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token ids[s] is read off ids[j]
 
-A reply's content is the value of its `element=`, `argument=` or `message=`. A typed or answered string is sourced
-at its last occurrence (as text, each reply token at the token holding the same character) before the reply: the
-query's quoted string, or the page's value (of several equal values, the one that follows the element the latest
-instruction names). An element id is sourced at the last word of that element's text on the page
-(`<a id="26"> Office </a>` -> " Office"): the position where a causal model has read both the element's id and its
-name, so one attention can look the name up there and read the id. Tokens with no such source (syntax, ids of
+A reply's content is the value of its `element=`, `argument=` or `message=`, and the name or string its note quotes
+(`# Note: I will click "X".`). A typed, answered or noted string is sourced at its last occurrence before it (as
+text, each reply token at the token holding the same character): the query's quoted string, the page's value (of
+several equal values, the one that follows the element the latest instruction names), or for a call's argument the
+string its note copied a few tokens earlier. An element id is sourced at the last word of that element's text on the
+page (`<a id="26"> Office </a>` -> " Office"): the position where a causal model has read both the element's id and
+its name, so one attention can look the name up there and read the id. Tokens with no such source (syntax, ids of
 elements without text) get no target.
 
-`name` says where the element a reply looks up is named: at the first token of an id or of a value read off the
-page, that element's last word in the latest instruction (`Click "Office".`, `Open Office.` -> "Office"), however
-it quotes; a head that brings it to the reply is what lets the look-up match the page's element, however far the
-instruction is. At a string copied from the instruction, `name` is `align`: the same heads bring the token being
-copied (left free there, they would bring the name's last word to every token of the copy).
+`name` says where the element a reply looks up is named: at the first token of an id, that element's last word in
+the reply's note if it quotes it, else in the latest instruction (`Click "Office".`, `Open Office.` -> "Office"),
+however it quotes; at a value read off the page, in the latest instruction. A head that brings it to the reply is
+what lets the look-up match the page's element, however far the instruction is. At a string copied from the
+instruction, `name` is `align`: the same heads bring the token being copied (left free there, they would bring the
+name's last word to every token of the copy).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-VALUE = re.compile(r'(element|argument|message)="([^"]*)"')
+VALUE = re.compile(r'(element|argument|message)="([^"]*)"|I will (?:click|type) "([^"]*)"')
 # an instruction, in WebRL's prompt and in a follow-up turn alike
 INSTRUCTION = re.compile(r"Task Instruction: ([^\n]*)")
 # the last word of an element's text just before a value: `<a id="3"> Acorn Mug </a> $12.00 4.5` -> "Mug"
@@ -52,9 +54,9 @@ class TokenText:
 
 
 def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < the reply's start); name[s]
-  = s - j at the first token of a looked-up id or value, ids[j] where the latest instruction names it (at a copied
-  string, name = align); else 0.
+  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < s); name[s] = s - j at the
+  first token of a looked-up id or value, ids[j] where the reply's note or the latest instruction names it (at a
+  copied string, name = align); else 0.
   `pieces[t]` is token t's text (`tokenizer.decode([t])`)."""
   ids = [int(t) for t in ids]
   align, name = np.zeros(len(ids), np.int32), np.zeros(len(ids), np.int32)
@@ -64,8 +66,10 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
     for k in range(start, end):
       offsets.append(len(text))
       text += pieces[ids[k]]
+    note = None  # the span (in `full`'s characters) of the name the reply's note quotes
     for m in VALUE.finditer(text):
-      lo, hi = m.span(2)
+      group = 2 if m.group(1) else 3
+      lo, hi = m.span(group)
       content = [start + k for k in range(end - start)
                  if offsets[k] >= lo and offsets[k] + len(pieces[ids[start + k]]) <= hi]
       if not content:
@@ -76,15 +80,19 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
         source = _element_text_end(ids, start, [ids[k] for k in content], pieces)
         if source >= 0:
           align[content[0]] = content[0] - source
-          named = _named(full, span, _word(full, source))  # where the instruction names this element, if it does
+          # where the reply's note, or else the instruction, names this element, if either does
+          named = _named(full, note, _word(full, source)) if note else -1
+          named = named if named >= 0 else _named(full, span, _word(full, source))
           if named >= 0:
             name[content[0]] = content[0] - named
       else:
-        at, named = _value_source(full, start, m.group(2), span)
+        if group == 3:
+          note = (full.starts[start] + lo, full.starts[start] + hi)
+        at, named = _value_source(full, content[0], m.group(group), span)
         if at >= 0:
           for k in content:  # each token at the same character of the value's occurrence
             j = full.token_at(at + offsets[k - start] - lo)
-            align[k] = k - j if j < start else 0
+            align[k] = k - j if j < content[0] else 0
           if named >= 0:
             name[content[0]] = content[0] - named
           elif _element_before(full, at) < 0:  # copied from the instruction: the name heads bring the token copied

@@ -12,6 +12,10 @@ the reply is the action that answers it (a training conversation asks several on
   read    'What is the price of "P"?' (price / rating / reviews / author) -> exit(message="<value on the page>")
   say     'Answer with "S".'                               -> exit(message="S")
 
+each reply opening with the comment line the scripted expert writes before that action (`# Note: I will click
+"X".`, `# Note: I will type "S" into the field.`, `# Note: The task is complete.`: `envs.sites.expert.intention`),
+as every demonstration a recipe imitates does; the earlier rounds' actions in the prompt carry one too.
+
 Each query quotes in one of the styles `QUOTES` (straight "X", curly “X”, or a name left bare: `Open Acorn.`), so
 that a look-up does not hang on one quoting convention; a string to copy is always quoted (curly where the style is
 bare), as a bare one would not say where it ends.
@@ -29,8 +33,8 @@ import random
 import re
 from typing import Iterator
 
-from jaxagent.agents.webrl import compact_html, render_call, webrl_prompt
-from jaxagent.envs.sites import bench, linkgraph, textpage
+from jaxagent.agents.webrl import WebRL, compact_html, webrl_prompt
+from jaxagent.envs.sites import bench, expert, linkgraph, textpage
 from jaxagent.types import Action, ActionKind
 
 SKILLS = ("click", "type", "search", "read", "say")
@@ -42,6 +46,7 @@ FIRST_PRETRAIN_WORLD = 1000
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "qua", "sh", "tr", "el", "on", "ar", "is",
               "um", "ex", "br", "ch", "ly", "po", "fa", "gi", "do", "be", "xu", "wy", "ja", "ho")
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_FORMAT = WebRL()
 _ELEMENT = re.compile(r'<(a|button|input|textarea|select)\b id="(\d+)"[^>]*>([^<]*)<')
 _LISTING = re.compile(r'<a id="(\d+)"> ([^<]+?) </a> (\$[\d,]+\.\d\d) (\d\.\d) / 5 · (\d+) reviews')
 _LABEL = re.compile(r'<label> ([^<]{1,60}?) </label> <(?:textarea|input)\b id="(\d+)"')
@@ -125,7 +130,7 @@ def _click(rng, html, style):
   q, _ = _quoting(style)
   query = rng.choice((f"Click the {what} {q(text)}.", f"Open {q(text)}.", f"Select the {what} labelled {q(text)}.",
                       f"Follow the {q(text)} {what}."))
-  return query, Action(ActionKind.CLICK, element=int(eid)), eid, ""
+  return query, Action(ActionKind.CLICK, element=int(eid)), eid, "", expert.intention("click", text)
 
 
 def _type(rng, html, style):
@@ -137,7 +142,7 @@ def _type(rng, html, style):
   q, c = _quoting(style)
   query = rng.choice((f"Type {c(s)} into the {q(name)} field.", f"Enter {c(s)} in {q(name)}.",
                       f"Fill {q(name)} with {c(s)}."))
-  return query, Action(ActionKind.TYPE, element=int(fields[name]), text=s), fields[name], s
+  return query, Action(ActionKind.TYPE, element=int(fields[name]), text=s), fields[name], s, expert.intention("type", s)
 
 
 def _search(rng, html, style):
@@ -147,7 +152,8 @@ def _search(rng, html, style):
   s = random_string(rng)
   _, c = _quoting(style)
   query = rng.choice((f"Search for {c(s)}.", f"Look up {c(s)} with the search box.", f"Find {c(s)}."))
-  return query, Action(ActionKind.TYPE, element=int(box.group(1)), text=s, enter=True), box.group(1), s
+  action = Action(ActionKind.TYPE, element=int(box.group(1)), text=s, enter=True)
+  return query, action, box.group(1), s, expert.intention("type", s)
 
 
 def _read(rng, html, style):
@@ -160,7 +166,7 @@ def _read(rng, html, style):
   field, value = rng.choice((("price", price), ("rating", rating), ("number of reviews", reviews)))
   q, _ = _quoting(style)
   query = rng.choice((f"What is the {field} of {q(name)}?", f"Tell me the {field} of {q(name)}."))
-  return query, Action(ActionKind.ANSWER, text=value), "", value
+  return query, Action(ActionKind.ANSWER, text=value), "", value, expert.FINISHED
 
 
 def _say(rng, html, style):
@@ -168,7 +174,7 @@ def _say(rng, html, style):
   s = random_string(rng)
   _, c = _quoting(style)
   query = rng.choice((f"Answer with {c(s)}.", f"Reply {c(s)} and stop.", f"Finish with the message {c(s)}."))
-  return query, Action(ActionKind.ANSWER, text=s), "", s
+  return query, Action(ActionKind.ANSWER, text=s), "", s, expert.FINISHED
 
 
 _MAKERS = {"click": _click, "type": _type, "search": _search, "read": _read, "say": _say}
@@ -181,12 +187,23 @@ def _query(rng: random.Random, html: str, skills: tuple[str, ...], quotes: tuple
   made = _MAKERS[skill](rng, html, style)
   if made is None:
     return None
-  query, action, eid, text = made
-  return query, render_call(action), eid, text, skill, style
+  query, action, eid, text, thought = made
+  return query, _reply(action, thought), eid, text, skill, style
 
 
-def _history(rng: random.Random) -> list[str]:
-  return [render_call(Action(ActionKind.CLICK, element=rng.randint(0, 60))) for _ in range(rng.choice((0, 0, 1, 2)))]
+def _reply(action: Action, thought: str) -> str:
+  """The reply as a demonstration writes it: the expert's note, then the call."""
+  return _FORMAT.render(action, expert.webrl_note(thought))
+
+
+def _history(rng: random.Random, html: str) -> list[str]:
+  """0-2 earlier rounds' replies: clicks on elements named as this page names them."""
+  names = sorted(_unique_elements(html).items())
+  out = []
+  for _ in range(rng.choice((0, 0, 1, 2)) if names else 0):
+    text, (_, eid) = rng.choice(names)
+    out.append(_reply(Action(ActionKind.CLICK, element=int(eid)), expert.intention("click", text)))
+  return out
 
 
 def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
@@ -198,7 +215,7 @@ def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_pa
     made = _query(rng, html, skills, quotes)
     if made is not None:
       query, reply, eid, text, skill, style = made
-      out.append(Example(skill, webrl_prompt(query, _history(rng), html, max_prompt_chars), reply, eid, text,
+      out.append(Example(skill, webrl_prompt(query, _history(rng, html), html, max_prompt_chars), reply, eid, text,
                          style))
   return out
 
@@ -211,7 +228,7 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
   first = _query(rng, html, skills, quotes)
   if first is None:
     return None
-  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng), html, max_prompt_chars)},
+  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng, html), html, max_prompt_chars)},
            {"from": "gpt", "value": first[1]}]
   follow_up_chars = sample_chars - len(turns[0]["value"])
   used, tries = 0, 0

@@ -80,3 +80,27 @@ def test_the_name_is_found_in_the_instruction_however_it_quotes(query):
   _, name = alignment.alignment(ids, loss, PIECES)
   s = start + len('do(action="Click", element="')
   assert s - name[s] == prompt.index("Mug") + 2
+
+
+def test_a_notes_name_is_copied_and_the_id_looks_it_up_where_the_note_wrote_it():
+  prompt = 'Task Instruction: Open \u201cAcorn Mug\u201d.\n<a id="12"> Acorn Mug </a> <a id="13"> Mug </a>\n'
+  reply = '# Note: I will click "Acorn Mug".\ndo(action="Click", element="12")'
+  ids, loss, start = _encode(prompt, reply)
+  align, name = alignment.alignment(ids, loss, PIECES)
+  noted = start + reply.index("Acorn Mug")
+  for k in range(len("Acorn Mug")):  # the note copies the name (its last occurrence before: on the page)
+    assert ids[noted + k - align[noted + k]] == ids[noted + k] and align[noted + k] > 0
+  s = start + reply.index('12")')
+  assert s - align[s] == prompt.index("Mug </a>") + 2  # the id: read off the page's element
+  assert s - name[s] == noted + len("Acorn Mug") - 1  # looked up by the name the note wrote
+
+
+def test_a_typed_argument_is_copied_from_its_note():
+  prompt = 'Task Instruction: Type \u201cxq-9\u201d into the \u201cName\u201d field.\n<input id="3"> </input>\n'
+  reply = '# Note: I will type "xq-9" into the field.\ndo(action="Type", argument="xq-9", element="3")'
+  ids, loss, start = _encode(prompt, reply)
+  align, _ = alignment.alignment(ids, loss, PIECES)
+  noted, arg = start + reply.index("xq-9"), start + reply.rindex("xq-9")
+  for k in range(4):
+    assert noted + k - align[noted + k] == prompt.index("xq-9") + k  # the note: from the instruction
+    assert arg + k - align[arg + k] == noted + k  # the argument: from the note

@@ -17,7 +17,7 @@ FMT = WebRL()
 @pytest.fixture(scope="module", params=["pages", "windows"])
 def samples(request):
   pages, windows = corpus.samples(1000, 2, walks_per_world=4, walk_steps=4, sample_chars=3000, seed=0,
-                                  window_chars=700, windows_per_page=1, window_sample_chars=1500)
+                                  window_chars=700, windows_per_page=2, window_sample_chars=1500)
   return pages if request.param == "pages" else windows
 
 
@@ -75,6 +75,14 @@ def test_probe_examples_are_single_queries_in_the_recipes_prompt():
       assert str(action.element) == ex.element
     if ex.text:
       assert action.text == ex.text
+    # the expert's note: the string typed, or the element clicked as the page names it
+    note = re.match(r'# Note: (I will (click|type) "(.*)"|The task is complete)', ex.reply)
+    assert note, ex.reply
+    if note.group(2) == "type":
+      assert note.group(3) == ex.text
+    elif note.group(2) == "click":
+      assert re.search(f'<a id="{ex.element}"[^>]*> {re.escape(note.group(3))} <', ex.prompt) or \
+          re.search(f'id="{ex.element}"[^>]*>\\s*{re.escape(note.group(3))}\\s*<', ex.prompt), ex.reply
 
 
 def test_worlds_below_the_pretraining_range_are_refused():
@@ -91,5 +99,9 @@ def test_no_benchmark_intent_or_demonstration_reply_is_in_the_corpus(samples):
   queries = {re.search(r"Task Instruction: (.*?)(?:\n|$)", t["value"]).group(1)
              for it in samples for t in it["conversations"][0::2]}
   assert queries and not queries & intents
-  # the expert's replies carry a "# Note:" comment line; the corpus's are bare actions
-  assert not any(t["value"].startswith("#") for it in samples for t in it["conversations"][1::2])
+  # the replies open with the note a demonstration writes, but never quote a string a benchmark task types or answers
+  strings = {s for split in ("train_a", "test_comb", "test_value", "test_template")
+             for t in bench.generate(0, "text", 2, splits=(split,))[split] for s in t.meta.get("texts") or []}
+  notes = [re.match(r'# Note: (.*)\n', t["value"]) for it in samples for t in it["conversations"][1::2]]
+  assert strings and all(notes)
+  assert not {q for note in notes for q in re.findall(r'"([^"]*)"', note.group(1))} & strings
