@@ -13,6 +13,9 @@ comes from (`alignment`), so the loss also asks, with a cross-entropy over the k
   * `name_heads` heads of layer `name_layer`, at the position that predicts a looked-up id or value, to attend to
     the last word of the name the latest instruction quotes: they bring the name to the reply, however far back
     the instruction is (a WebRL prompt puts it before the page), for the reply's heads to match on the page;
+  * `previous_heads` heads of layer 0 (after the link heads' key-value heads), at every token, to attend to the
+    token before it: what lets a later head find the token that follows one it has just copied (an induction
+    head), where a copy otherwise repeats a token or stops short;
   * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
     norm and the unembedding), and with `copy_init` their value and output projections start as a copy.
 The architecture stays a plain Llama decoder: the base exports and loads as any other.
@@ -53,8 +56,8 @@ def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
 
 
 def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, segment_ids, input_ids=None,
-             readout: bool = False):
-  """Mean -log attention of the first `heads` query heads of `layer` (input `x`) on their target keys; with
+             readout: bool = False, first: int = 0):
+  """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target keys; with
   `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the final norm
   and the unembedding): the heads must write what they read.
 
@@ -71,9 +74,10 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   at = order  # the query's slot
   source = order + shift - off
   take = lambda a: jnp.take_along_axis(a, jnp.clip(at, 0).reshape(at.shape + (1,) * (a.ndim - 2)), 1)
-  q = layers.apply_rope(block.self_attn.q_proj(take(h)), take(positions), inv_freq)[:, :, :heads]  # [B, M, h, D]
+  chosen = np.arange(first, first + heads)
+  q = layers.apply_rope(block.self_attn.q_proj(take(h)), take(positions), inv_freq)[:, :, chosen]  # [B, M, h, D]
   k = layers.apply_rope(block.self_attn.k_proj(h), positions, inv_freq)
-  k = k[:, :, np.arange(heads) // (cfg.num_heads // cfg.num_kv_heads)]  # [B, T, h, D]
+  k = k[:, :, chosen // (cfg.num_heads // cfg.num_kv_heads)]  # [B, T, h, D]
   scores = jnp.einsum("bmhd,bthd->bhmt", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
   slots = jnp.arange(x.shape[1])
   q_segment = jnp.take_along_axis(segment_ids, jnp.clip(at, 0), 1)
@@ -84,9 +88,9 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   if not readout:
     return nll
   group = cfg.num_heads // cfg.num_kv_heads
-  v = block.self_attn.v_proj(h)[:, :, np.arange(heads) // group]  # [B, T, h, D]
+  v = block.self_attn.v_proj(h)[:, :, chosen // group]  # [B, T, h, D]
   read = jnp.einsum("bhmt,bthd->bmhd", jnp.exp(logp).astype(v.dtype), v)
-  out = jnp.einsum("bmhd,hde->bme", read, block.self_attn.o_proj.kernel.get_value()[:heads].astype(v.dtype))
+  out = jnp.einsum("bmhd,hde->bme", read, block.self_attn.o_proj.kernel.get_value()[chosen].astype(v.dtype))
   logp_token = jax.nn.log_softmax(model.logits(model.norm(out)), -1)
   token = jnp.take_along_axis(input_ids, jnp.clip(source, 0), 1)
   ce = -jnp.take_along_axis(logp_token, token[..., None], -1)[..., 0]
@@ -102,6 +106,8 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
            ("link_source", 0, int(config.link_heads), 0),
            ("name_source", int(config.name_layer), int(config.name_heads), 1))
 
+  previous = int(config.previous_heads)
+
   def loss_fn(model, batch: dict, rng=None):
     del rng
     xs: list = []
@@ -113,9 +119,20 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
       parts[field.replace("_source", "_attention")] = (
           head_nll(model, xs[layer], layer % len(xs), heads, batch[field], shift, most[field], seg, ids, readout)
           if heads else jnp.zeros(()))
+    if previous:  # every token of a sample but its first: the token before it
+      after = jnp.concatenate([jnp.zeros_like(seg[:, :1]), (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)], 1)
+      parts["previous_attention"] = head_nll(model, xs[0], 0, previous, after.astype(jnp.int32), 0, seg.shape[1],
+                                             seg, ids, readout, first=previous_first(model.config, config))
     return loss + weight * sum(parts.values()), {**metrics, "reply_nll": loss, **parts}
 
   return loss_fn
+
+
+def previous_first(decoder_config, config) -> int:
+  """The first query head of layer 0 the previous-token heads use: past the link heads' key-value heads, so that
+  neither shares the other's keys."""
+  group = decoder_config.num_heads // decoder_config.num_kv_heads
+  return -(-int(config.link_heads) // group) * group
 
 
 def copy_heads(model, layer: int, heads: int, scale: float, seed: int = 0):

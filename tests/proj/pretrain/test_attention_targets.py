@@ -77,12 +77,12 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   batch["name_source"][0, 8] = 5
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1, name_layer=0,
-                                       name_heads=1, readout=False))
+                                       name_heads=1, previous_heads=1, readout=False))
   most = dict.fromkeys(targets.FIELDS, 4)
   plain, _ = sparse_token_nll(4)(model, batch)
   off, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
   np.testing.assert_allclose(float(off), float(plain), rtol=1e-6)
-  parts = ("reply_attention", "link_attention", "name_attention")
+  parts = ("reply_attention", "link_attention", "name_attention", "previous_attention")
   assert all(float(metrics[k]) > 0 for k in parts)
   cfg.weight = 1.0
   on, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
@@ -90,6 +90,22 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   cfg.name_heads = 0
   _, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
   assert float(metrics["name_attention"]) == 0.0
+
+
+def test_the_previous_token_heads_are_scored_on_the_token_before_each_past_the_link_heads_keys():
+  model, batch = _model(), _batch()  # 4 heads over 2 key-value heads: the link head is 0, so previous heads 2..
+  cfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=1, name_layer=0,
+                                       name_heads=0, previous_heads=1, readout=False))
+  first = targets.previous_first(model.config, cfg)
+  assert first == 2
+  probs, _ = _attention_probs(model, 0, batch)
+  batch.update({f: np.zeros_like(batch["input_ids"]) for f in targets.FIELDS})
+  _, metrics = targets.pretrain_loss(4, cfg, dict.fromkeys(targets.FIELDS, 4))(model, batch)
+  seg = batch["segment_ids"][0]
+  pairs = [(t, t - 1) for t in range(1, len(seg)) if seg[t] > 0 and seg[t] == seg[t - 1]]
+  assert len(pairs) == 9  # every token but each segment's first, not the padding
+  expect = -np.mean([np.log(probs[0, first, t, s]) for t, s in pairs])
+  np.testing.assert_allclose(float(metrics["previous_attention"]), expect, rtol=1e-5)
 
 
 def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
