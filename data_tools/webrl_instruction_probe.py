@@ -11,10 +11,15 @@
     category for every task and solves only the test pairs of that category);
   * for those and any `--eval` store: how many of the arguments it typed come from the episode's intent and how
     many repeat a demonstration's word for word (the benchmark's held-out intents name strings no demonstration
-    typed, so a policy that does not copy cannot solve them).
+    typed, so a policy that does not copy cannot solve them);
+  * with `--copy N`: on N of its demonstrations' steps that type or answer a string, whether its greedy reply writes
+    that string, as recorded and with the strings swapped for made-up ones (`data.copy_augment`): a start that
+    copies gets both; one that recalls its demonstrations, the first only.
+`--policy P` scores and asks another model on W's demonstrations (e.g. the pre-trained base W started from).
 
   python data_tools/webrl_instruction_probe.py --workdir /tmp/webrl     # a finished WebRL workdir
   python data_tools/webrl_instruction_probe.py --workdir W --no-logprobs --eval E/seed0/episodes
+  python data_tools/webrl_instruction_probe.py --workdir W --copy 24 --policy BASE/export/base
 """
 
 from __future__ import annotations
@@ -22,20 +27,26 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import re
 import sys
 
 import numpy as np
 
+from jaxagent.data import copy_augment
+from jaxagent.data.conversation import step_samples
 from jaxagent.data.store import TrajectoryStore
 from jaxagent.envs.sites import catalog
+from jaxagent.envs.sites.expert import DONE_TEXT
 from jaxagent.pipeline import rollout, scoring
 from jaxagent.proj.webrl import data
 from jaxagent.serving.checkpoint import load_policy
+from jaxagent.serving.engine import Engine, GenerationRequest
 
 _NOTE = re.compile(r'# Note: I will click "([^"]+)"')
 _ELEMENT = re.compile(r'element="([^"]+)"')
 _ARGUMENT = re.compile(r'argument="([^"]*)"')
+_STRING = re.compile(r'(?:argument|message)="([^"]*)"')
 _KINDS = ("cookies", "category", "order", "stop")
 
 
@@ -85,17 +96,22 @@ def part_logprobs(tokenizer, reply: str, reply_ids, token_logp) -> dict[str, flo
   return out
 
 
-def demo_logprobs(workdir: str, batch: int, max_len: int) -> dict[str, dict]:
-  """{step kind: {"samples", "reply", "name", "id"}} of π_0 on its demonstrations: the mean summed
-  log-probability of the whole reply, and for clicks of its quoted name's and element id's tokens."""
-  trajs = [t for t in rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos"))) if t.success == 1.0]
+def solved_demos(workdir: str) -> list:
+  return [t for t in rollout.episodes(TrajectoryStore(os.path.join(workdir, "sft", "demos"))) if t.success == 1.0]
+
+
+def demo_logprobs(workdir: str, batch: int, max_len: int, policy: str = "") -> dict[str, dict]:
+  """{step kind: {"samples", "reply", "name", "id"}} of π_0 (or `policy`) on the demonstrations: the mean summed
+  log-probability of the whole reply, and for clicks of its quoted name's and element id's tokens; "all": the
+  log-probability per reply token over every sample."""
+  trajs = solved_demos(workdir)
   items, kinds, replies = [], [], []
   for t in trajs:
     for s in t.steps:
       items.append(data.sample(f"{t.task.id}-{s.step}", s.obs_text, s.action_text))
       kinds.append(step_kind(s.action_text))
       replies.append(s.action_text)
-  loaded = load_policy(os.path.join(workdir, "sft"))
+  loaded = load_policy(policy or os.path.join(workdir, "sft"))
   scored = scoring.score(loaded, items, batch=batch, max_len=max_len, per_token=True)
   parts = [part_logprobs(loaded.tokenizer, r, ids, lp)
            for r, ids, lp in zip(replies, scored["reply_ids"], scored["token_logp"])]
@@ -109,6 +125,39 @@ def demo_logprobs(workdir: str, batch: int, max_len: int) -> dict[str, dict]:
       values = [parts[i][part] for i in rows if part in parts[i]]
       if values:
         out[kind][part] = float(np.mean(values))
+  out["all"] = {"samples": len(items), "per_token": float(scored["logp"].sum() / max(scored["tokens"].sum(), 1))}
+  return out
+
+
+def copy_steps(trajs, copies: int = 0, seed: int = 0) -> list[tuple[list[dict], str]]:
+  """(the turns before the reply, the string it types or answers) of every demonstration step that writes one;
+  with `copies`, of that many copies of each with its strings swapped (`data.copy_augment`) instead."""
+  samples = copy_augment.copies(trajs, copies, seed) if copies else step_samples(trajs)
+  out = []
+  for sample in samples:
+    turns = sample["conversations"]
+    m = _STRING.search(turns[-1]["value"])
+    if m and m.group(1) != DONE_TEXT:
+      out.append((turns[:-1], m.group(1)))
+  return out
+
+
+def greedy_copies(loaded, trajs, n: int, seed: int = 0) -> dict[str, tuple[int, int]]:
+  """{"recorded" | "swapped": (right, asked)}: on `n` steps drawn from `copy_steps`, whether the greedy reply
+  writes the step's string (as the argument or message of its call)."""
+  engine = Engine(loaded, max_batch=8, max_new_tokens=96)
+  out = {}
+  for name, copies in (("recorded", 0), ("swapped", 1)):
+    steps = copy_steps(trajs, copies, seed)
+    random.Random(seed).shuffle(steps)
+    steps = steps[:n]
+    replies = engine.generate([GenerationRequest(prompt=engine.training_prompt(turns), max_tokens=96,
+                                                 temperature=0.0) for turns, _ in steps])
+    right = 0
+    for (_, want), reply in zip(steps, replies):
+      m = _STRING.search(reply.text)
+      right += bool(m and m.group(1) == want)
+    out[name] = (right, len(steps))
   return out
 
 
@@ -146,15 +195,27 @@ def main(argv=None) -> int:
                       help="an evaluation's episode store beside W/eval/<policy> (e.g. a jaxagent.evaluate run's "
                       "OUT/seed0/episodes): its typed arguments against the demonstrations'")
   parser.add_argument("--no-logprobs", action="store_true", help="skip the first table (it scores every sample)")
+  parser.add_argument("--copy", type=int, default=0, help="ask for N demonstration strings greedily, as recorded "
+                      "and swapped for made-up ones")
+  parser.add_argument("--policy", default="", help="score and ask this model instead of W/sft (e.g. its base)")
   args = parser.parse_args(argv)
   if not os.path.isdir(os.path.join(args.workdir, "sft", "demos")):
     print(f"{args.workdir}: no sft/demos (not a WebRL workdir past its SFT stage)", file=sys.stderr)
     return 1
   if not args.no_logprobs:
-    print("π_0 on its own demonstrations: mean log-probability of the reply, and of its quoted name and element id")
-    for kind, r in demo_logprobs(args.workdir, args.batch, args.max_len).items():
+    print(f"{args.policy or 'π_0'} on the demonstrations: mean log-probability of the reply, and of its quoted name "
+          "and element id")
+    for kind, r in demo_logprobs(args.workdir, args.batch, args.max_len, args.policy).items():
+      if kind == "all":
+        print(f"  all       {r['samples']:>4} samples   {r['per_token']:.3f} a reply token")
+        continue
       parts = "".join(f"   {p} {r[p]:7.3f}" for p in ("name", "id") if p in r)
       print(f"  {kind:<9} {r['samples']:>4} samples   reply {r['reply']:8.3f}{parts}")
+  if args.copy:
+    loaded = load_policy(args.policy or os.path.join(args.workdir, "sft"))
+    print(f"\n{args.policy or 'π_0'} greedy on demonstration steps that write a string: the string right")
+    for name, (right, asked) in greedy_copies(loaded, solved_demos(args.workdir), args.copy).items():
+      print(f"  {name:<9} {right} of {asked}")
   eval_dir = os.path.join(args.workdir, "eval")
   names = sorted(d for d in os.listdir(eval_dir) if os.path.isdir(os.path.join(eval_dir, d))) if os.path.isdir(
       eval_dir) else []

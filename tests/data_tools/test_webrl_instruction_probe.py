@@ -77,3 +77,16 @@ def test_typed_arguments_are_told_copied_from_the_intent_or_repeated_from_a_demo
                                 step=1, obs_text="p", action_text=STOP)]))
   assert probe.copy_report(str(tmp_path / "eval"), str(tmp_path / "demos")) == {
       "typed": 3, "from_the_intent": 1, "a_demonstration_argument": 1, "demonstration_arguments": 1}
+
+
+def test_copy_steps_ask_the_demonstrations_strings_as_recorded_and_swapped():
+  intent = "Reply to the thread \u201cBest mugs\u201d with the message \u201cSo true.\u201d."
+  steps = [_click("Best mugs", 7), '# Note: I will type "So true." into the field.\ndo(action="Type", '
+           'argument="So true.", element="16")', STOP]
+  traj = Trajectory(task=Task(id="t", intent=intent, site="forum", start_url="u", meta={"texts": ["So true."]}),
+                    success=1.0, steps=[Step(step=i, obs_text=f"Task Instruction: {intent}\n<p> page {i}",
+                                             action_text=a) for i, a in enumerate(steps)])
+  recorded = probe.copy_steps([traj])
+  assert [want for _, want in recorded] == ["So true."]  # the click writes no string, the stop's "Done." is none
+  (turns, swapped), = probe.copy_steps([traj], copies=1, seed=3)
+  assert swapped != "So true." and swapped in turns[0]["value"] and "So true." not in turns[0]["value"]
