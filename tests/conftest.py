@@ -12,6 +12,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "jaxagent",
                                                                 "jax-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# The subprocesses the tests start (`python -m jaxagent.main`, launchers) import this checkout's package, not
+# whichever one an editable install points at: a fresh clone tests its own code, and runs without an install.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                     if p and os.path.abspath(p) != ROOT])
 
 
 def pytest_collection_modifyitems(config, items):
