@@ -69,9 +69,7 @@ def check_config(config) -> None:
   for key in ("reply_heads", "link_heads", "name_heads", "previous_heads"):
     if not 0 <= int(t[key]) <= int(d.num_heads):
       raise ValueError(f"config.targets.{key}={t[key]}: between 0 and model.decoder.num_heads={d.num_heads}")
-  if int(t.previous_heads) and targets.previous_first(d, t) + int(t.previous_heads) > int(d.num_heads):
-    raise ValueError(f"config.targets.previous_heads={t.previous_heads}: layer 0 has {d.num_heads} heads and the "
-                     f"link heads' keys take the first {targets.previous_first(d, t)}; lower it or link_heads")
+  targets.check_previous_heads(d, t)
   for key, known in (("skills", tuple(corpus.SKILLS)), ("quotes", tuple(corpus.QUOTES))):
     names = _names(config.corpus[key])
     if not names or set(names) - set(known):

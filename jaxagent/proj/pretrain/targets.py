@@ -57,9 +57,9 @@ def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
 
 def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, segment_ids, input_ids=None,
              readout: bool = False, first: int = 0):
-  """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target keys; with
-  `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the final norm
-  and the unembedding): the heads must write what they read.
+  """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target
+  keys; with `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the
+  final norm and the unembedding): the heads must write what they read.
 
   `offsets` [B, T]: where nonzero, the query at slot t should attend to slot t + shift - offsets: `shift` 1 for
   offsets counted from the token the query predicts (`alignment`), 0 from the query itself. At most `most`
@@ -133,6 +133,14 @@ def previous_first(decoder_config, config) -> int:
   neither shares the other's keys."""
   group = decoder_config.num_heads // decoder_config.num_kv_heads
   return -(-int(config.link_heads) // group) * group
+
+
+def check_previous_heads(decoder_config, config) -> None:
+  """The previous-token heads fit in layer 0 beside the link heads' key-value heads."""
+  first = previous_first(decoder_config, config)
+  if int(config.previous_heads) and first + int(config.previous_heads) > int(decoder_config.num_heads):
+    raise ValueError(f"config.targets.previous_heads={config.previous_heads}: layer 0 has {decoder_config.num_heads} "
+                     f"heads and the link heads' keys take the first {first}; lower it or link_heads")
 
 
 def copy_heads(model, layer: int, heads: int, scale: float, seed: int = 0):
