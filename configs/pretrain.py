@@ -58,12 +58,13 @@ def get_config(arg=None):
   # link_heads heads of layer 0 to attend from an element's words to its id (and from its values to its name),
   # name_heads heads of layer name_layer to bring the name an instruction quotes to the reply that looks it up;
   # previous_heads heads of layer 0 (past the link heads' keys) to attend from each token to the one before it (what
-  # a copy needs to move on to the next token); readout: those heads' output alone names the token they attend to;
+  # a copy needs to move on to the next token); readout: those heads' output alone names the token they attend to
+  # (the previous heads' at every previous_readout_every-th token, for the budget: docs/results/pretrain.md#readout);
   # copy_init sets their value and output projections to copy (0 = the usual random init). weight 0: a plain
   # causal LM on the replies.
   c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
                                              name_layer=1, name_heads=1, previous_heads=1, readout=True,
-                                             copy_init=1.0))
+                                             previous_readout_every=8, copy_init=1.0))
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0

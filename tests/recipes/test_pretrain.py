@@ -85,7 +85,8 @@ def test_bad_bases_are_refused_naming_the_key(tmp_path):
 @pytest.mark.parametrize("key,value,match", [("corpus.skills", "click,fly", "corpus.skills"),
                                              ("corpus.quotes", "straight,angled", "corpus.quotes"),
                                              ("targets.name_layer", -1, "name_layer"),
-                                             ("targets.previous_heads", 3, "previous_heads")])
+                                             ("targets.previous_heads", 3, "previous_heads"),
+                                             ("targets.previous_readout_every", 0, "previous_readout_every")])
 def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, match):
   bad = pretrain_config.get_config("smoke")
   section, field = key.split(".")

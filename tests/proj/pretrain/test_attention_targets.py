@@ -77,7 +77,8 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   batch["name_source"][0, 8] = 5
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1, name_layer=0,
-                                       name_heads=1, previous_heads=1, readout=False))
+                                       name_heads=1, previous_heads=1, readout=False,
+                                       previous_readout_every=1))
   most = dict.fromkeys(targets.FIELDS, 4)
   plain, _ = sparse_token_nll(4)(model, batch)
   off, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
@@ -95,7 +96,8 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
 def test_the_previous_token_heads_are_scored_on_the_token_before_each_past_the_link_heads_keys():
   model, batch = _model(), _batch()  # 4 heads over 2 key-value heads: the link head is 0, so previous heads 2..
   cfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=1, name_layer=0,
-                                       name_heads=0, previous_heads=1, readout=False))
+                                       name_heads=0, previous_heads=1, readout=False,
+                                       previous_readout_every=1))
   first = targets.previous_first(model.config, cfg)
   assert first == 2
   probs, _ = _attention_probs(model, 0, batch)
@@ -118,6 +120,23 @@ def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
   plain = float(targets.head_nll(model, xs[1], *args))
   with_readout = float(targets.head_nll(model, xs[1], *args, readout=True))
   assert with_readout > plain + 1.0  # an untrained head names a token of 64 with ~log 64 nats
+
+
+def test_readout_every_kth_query_scores_those_queries_alone():
+  model, batch = _model(), _batch()
+  xs = []
+  model.hidden_states(jnp.asarray(batch["input_ids"]), segment_ids=jnp.asarray(batch["segment_ids"]), layer_inputs=xs)
+
+  def readout(queries, every):  # the readout's part: with it minus without it
+    offsets = np.zeros_like(batch["input_ids"])
+    offsets[0, queries] = 1
+    args = (0, 1, jnp.asarray(offsets), 0, 12, jnp.asarray(batch["segment_ids"]), jnp.asarray(batch["input_ids"]))
+    return (float(targets.head_nll(model, xs[0], *args, readout=True, readout_every=every))
+            - float(targets.head_nll(model, xs[0], *args)))
+
+  # queries 3 and 8 in that order, then the unflagged ones: every 2nd is query 3 alone
+  np.testing.assert_allclose(readout([3, 8], 2), readout([3], 1), rtol=1e-5)
+  assert abs(readout([3, 8], 1) - readout([3], 1)) > 1e-3
 
 
 def test_copy_heads_make_value_then_output_a_scaled_projection():
