@@ -60,11 +60,13 @@ def get_config(arg=None):
   # previous_heads heads of layer 0 (past the link heads' keys) to attend from each token to the one before it (what
   # a copy needs to move on to the next token); readout: those heads' output alone names the token they attend to
   # (the previous heads' at every previous_readout_every-th token, for the budget: docs/results/pretrain.md#readout);
-  # copy_init sets their value and output projections to copy (0 = the usual random init). weight 0: a plain
+  # span_heads heads of layer 0 (past those) to attend evenly over a name's tokens at its last (a name's summary,
+  # where sibling products share the last token); copy_init sets the reply, link and name heads' value and output
+  # projections to copy (0 = the usual random init). weight 0: a plain
   # causal LM on the replies.
   c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
                                              name_layer=1, name_heads=1, previous_heads=1, readout=True,
-                                             previous_readout_every=8, copy_init=1.0))
+                                             previous_readout_every=8, span_heads=0, copy_init=1.0))
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0

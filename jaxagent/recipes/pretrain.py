@@ -35,7 +35,7 @@ from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenize
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.finetune import on_host
 from jaxagent.pipeline.stages import Stages, write_json, write_text
-from jaxagent.proj.pretrain import alignment, corpus, targets
+from jaxagent.proj.pretrain import corpus, targets
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
@@ -66,10 +66,10 @@ def check_config(config) -> None:
     raise ValueError(f"config.targets.name_layer={t.name_layer}: the name heads need a layer of their own (the reply "
                      f"heads are in layer {layer('reply_layer')}, the link heads in 0); with "
                      f"{d.num_layers} layers set it to 1, or --config.targets.name_heads=0")
-  for key in ("reply_heads", "link_heads", "name_heads", "previous_heads"):
+  for key in ("reply_heads", "link_heads", "name_heads", "previous_heads", "span_heads"):
     if not 0 <= int(t[key]) <= int(d.num_heads):
       raise ValueError(f"config.targets.{key}={t[key]}: between 0 and model.decoder.num_heads={d.num_heads}")
-  targets.check_previous_heads(d, t)
+  targets.check_layer0_heads(d, t)
   for key, known in (("skills", tuple(corpus.SKILLS)), ("quotes", tuple(corpus.QUOTES))):
     names = _names(config.corpus[key])
     if not names or set(names) - set(known):
@@ -167,7 +167,7 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
   loss = sparse_token_nll(most) if config.loss_on == "reply" else weighted_token_nll
   model_fn, t = built.init, config.targets
   if float(t.weight):
-    rows.update(_target_rows(encoded, tok, seq_len))
+    rows.update(targets.target_rows(encoded, [tok.decode([i]) for i in range(len(tok))], seq_len))
     loss = targets.pretrain_loss(most, t, {f: max(1, int((rows[f] > 0).sum(1).max())) for f in targets.FIELDS})
     if float(t.copy_init) and not init_from:
       model_fn = lambda: _copy_heads(config, built.init())
@@ -188,23 +188,6 @@ def _copy_heads(config, model):
   model = targets.copy_heads(model, 0, int(t.link_heads), float(t.copy_init), seed + 1)
   name_layer = int(t.name_layer) % int(config.model.decoder.num_layers)
   return targets.copy_heads(model, name_layer, int(t.name_heads), float(t.copy_init), seed + 2)
-
-
-def _target_rows(encoded, tok, seq_len: int) -> dict[str, np.ndarray]:
-  """The attention targets of the packed samples (`proj.pretrain.targets`), in the rows `packing.pack` puts
-  them in (it places samples by their lengths alone, so a second pack lines up with the first)."""
-  pieces = [tok.decode([i]) for i in range(len(tok))]
-  reply, name, link = [], [], []
-  for ids, loss in encoded:
-    align, named = alignment.alignment(ids, loss, pieces)
-    reply.append((ids, align))
-    name.append((ids, named))
-    links = targets.id_links(ids, pieces)
-    links = np.where(links > 0, links, alignment.value_links(ids, pieces))
-    link.append((ids, targets.as_loss_flags(links)))
-  return {"reply_source": packing.pack(reply, seq_len)["loss_mask"],
-          "link_source": packing.pack(link, seq_len)["loss_mask"],
-          "name_source": packing.pack(name, seq_len)["loss_mask"]}
 
 
 def stage_probes(config, workdir, out):

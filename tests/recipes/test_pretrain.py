@@ -86,7 +86,8 @@ def test_bad_bases_are_refused_naming_the_key(tmp_path):
                                              ("corpus.quotes", "straight,angled", "corpus.quotes"),
                                              ("targets.name_layer", -1, "name_layer"),
                                              ("targets.previous_heads", 3, "previous_heads"),
-                                             ("targets.previous_readout_every", 0, "previous_readout_every")])
+                                             ("targets.previous_readout_every", 0, "previous_readout_every"),
+                                             ("targets.span_heads", 1, "span_heads")])
 def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, match):
   bad = pretrain_config.get_config("smoke")
   section, field = key.split(".")

@@ -1,6 +1,6 @@
 """Where each reply's content comes from in its prompt: the attention targets of the pre-training loss.
 
-    align, name = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token ids[s] is read off ids[j]
+    align, name, spans = alignment(ids, loss_mask, pieces)   # align[s] = s - j: reply token s is read off j
 
 A reply's content is the value of its `element=`, `argument=` or `message=`, and the name or string its note quotes
 (`# Note: I will click "X".`). A typed, answered or noted string is sourced at its last occurrence before it (as
@@ -17,6 +17,11 @@ however it quotes; at a value read off the page, in the latest instruction. A he
 what lets the look-up match the page's element, however far the instruction is. At a string copied from the
 instruction, `name` is `align`: the same heads bring the token being copied (left free there, they would bring the
 name's last word to every token of the copy).
+
+`spans` says how long that name is: at each `name` source, the number of tokens of the element's whole text where
+the note or instruction writes it out (`Candle F49` -> 3 tokens ending at `49`), else 0. A product's code is two
+tokens (` F`, `49`) and sibling products share the last, so the look-up must match a name's summary, not its last
+token (`targets.span_heads`).
 """
 
 from __future__ import annotations
@@ -53,13 +58,14 @@ class TokenText:
     return bisect.bisect_right(self.starts, char) - 1
 
 
-def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """(align, name): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < s); name[s] = s - j at the
-  first token of a looked-up id or value, ids[j] where the reply's note or the latest instruction names it (at a
-  copied string, name = align); else 0.
-  `pieces[t]` is token t's text (`tokenizer.decode([t])`)."""
+def alignment(ids: Sequence[int], loss_mask: Sequence[int],
+              pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(align, name, spans): align[s] = s - j for each reply token ids[s] sourced at ids[j] (j < s); name[s] = s - j
+  at the first token of a looked-up id or value, ids[j] where the reply's note or the latest instruction names it
+  (at a copied string, name = align); spans[j] = L at such a j where the element's whole text is written out over
+  ids[j-L+1..j] (L >= 2); else 0. `pieces[t]` is token t's text (`tokenizer.decode([t])`)."""
   ids = [int(t) for t in ids]
-  align, name = np.zeros(len(ids), np.int32), np.zeros(len(ids), np.int32)
+  align, name, spans = (np.zeros(len(ids), np.int32) for _ in range(3))
   full = None
   for start, end in _runs(loss_mask):
     text, offsets = "", []
@@ -81,10 +87,12 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
         if source >= 0:
           align[content[0]] = content[0] - source
           # where the reply's note, or else the instruction, names this element, if either does
-          named = _named(full, note, _word(full, source)) if note else -1
-          named = named if named >= 0 else _named(full, span, _word(full, source))
+          named, where = (_named(full, note, _word(full, source)), note) if note else (-1, None)
+          if named < 0:
+            named, where = _named(full, span, _word(full, source)), span
           if named >= 0:
             name[content[0]] = content[0] - named
+            spans[named] = _name_span(full, where, named, _element_text(full, source))
       else:
         if group == 3:
           note = (full.starts[start] + lo, full.starts[start] + hi)
@@ -95,9 +103,10 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int], pieces: Sequence[str
             align[k] = k - j if j < content[0] else 0
           if named >= 0:
             name[content[0]] = content[0] - named
+            spans[named] = _name_span(full, span, named, _element_text(full, _element_before(full, at)))
           elif _element_before(full, at) < 0:  # copied from the instruction: the name heads bring the token copied
             name[content] = align[content]
-  return align, name
+  return align, name, spans
 
 
 def value_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
@@ -127,6 +136,23 @@ def _named(full: TokenText, span: tuple[int, int], word: str) -> int:
     for last in re.finditer(r"(?<!\w)" + re.escape(word) + r"(?!\w)", full.text[span[0]:span[1]]):
       pass
   return full.token_at(span[0] + last.end() - 1) if last else -1
+
+
+def _element_text(full: TokenText, last: int) -> str:
+  """The text of the element whose last word is token `last` (from the tag before it to that word's end)."""
+  end = full.starts[last + 1] if last + 1 < len(full.starts) else len(full.text)
+  return full.text[full.text.rfind(">", 0, full.starts[last]) + 1:end].strip()
+
+
+def _name_span(full: TokenText, span: tuple[int, int], named: int, text: str) -> int:
+  """The tokens of `text` written out in the characters `span` and ending in token `named`; 0 if it is not, or
+  takes one token."""
+  if text:
+    for m in re.finditer(r"(?<!\w)" + re.escape(text), full.text[span[0]:span[1]]):
+      if full.token_at(span[0] + m.end() - 1) == named:
+        length = named - full.token_at(span[0] + m.start()) + 1
+        return length if length >= 2 else 0
+  return 0
 
 
 def _element_before(full: TokenText, char: int) -> int:

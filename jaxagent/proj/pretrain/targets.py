@@ -16,6 +16,9 @@ comes from (`alignment`), so the loss also asks, with a cross-entropy over the k
   * `previous_heads` heads of layer 0 (after the link heads' key-value heads), at every token, to attend to the
     token before it: what lets a later head find the token that follows one it has just copied (an induction
     head), where a copy otherwise repeats a token or stops short;
+  * `span_heads` heads of layer 0, at the last token of a name (an element's text on the page; a name a note or
+    instruction writes out), to attend evenly to the name's tokens: the name's summary where the look-up matches,
+    as sibling products share a name's last token (` F`, `49` / ` M`, `49`);
   * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
     norm and the unembedding; the previous heads' at every `previous_readout_every`-th token, as with every token
     the head took a step from 1.9 s to 2.3 s), and with `copy_init` their value and output projections start as a copy.
@@ -30,10 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.data import packing
 from jaxagent.models import layers
+from jaxagent.proj.pretrain import alignment
 from jaxagent.train.losses import sparse_nll_of_hidden
 
-FIELDS = ("reply_source", "link_source", "name_source")
+FIELDS = ("reply_source", "link_source", "name_source", "span_source")
 
 
 def id_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
@@ -51,15 +56,46 @@ def id_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
   return links
 
 
+def element_spans(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
+  """spans[k] = L at the last word k of each element's text of two or more tokens (`<a id="j"> w1 … wn </a>`:
+  its tokens k-L+1..k, first word to last); else 0."""
+  links = id_links(ids, pieces)
+  words: dict[int, list[int]] = {}  # the id token -> its element's words
+  for k in np.flatnonzero(links):
+    words.setdefault(int(k - links[k]), []).append(int(k))
+  spans = np.zeros(len(links), np.int32)
+  for ks in words.values():
+    if ks[-1] > ks[0]:
+      spans[ks[-1]] = ks[-1] - ks[0] + 1
+  return spans
+
+
+def target_rows(encoded, pieces: Sequence[str], seq_len: int) -> dict[str, np.ndarray]:
+  """The attention targets of the samples `encoded` ((ids, loss flags) each), in the rows `data.packing.pack`
+  puts them in (it places samples by their lengths alone, so a second pack lines up with the first); `pieces[t]`
+  is token t's text."""
+  fields = {f: [] for f in FIELDS}
+  for ids, loss in encoded:
+    align, named, spans = alignment.alignment(ids, loss, pieces)
+    links = id_links(ids, pieces)
+    links = np.where(links > 0, links, alignment.value_links(ids, pieces))
+    spans = np.maximum(spans, element_spans(ids, pieces))
+    for field, values in (("reply_source", align), ("name_source", named), ("link_source", as_loss_flags(links)),
+                          ("span_source", as_loss_flags(spans))):
+      fields[field].append((ids, values))
+  return {f: packing.pack(samples, seq_len)["loss_mask"] for f, samples in fields.items()}
+
+
 def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
   """A per-input-position array in `data.packing.pack`'s loss-flag layout (flags are read one token ahead)."""
   return np.concatenate([[0], per_position[:-1]]).astype(np.int32)
 
 
 def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, segment_ids, input_ids=None,
-             readout: bool = False, first: int = 0, readout_every: int = 1):
+             readout: bool = False, first: int = 0, readout_every: int = 1, span: bool = False):
   """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target
-  keys; with `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the
+  keys (with `span`, the mean over the `offsets` keys ending at the query itself: attention spread evenly over a
+  name's tokens); with `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the
   final norm and the unembedding) at every `readout_every`-th query: the heads must write what they read.
 
   `offsets` [B, T]: where nonzero, the query at slot t should attend to slot t + shift - offsets: `shift` 1 for
@@ -84,9 +120,14 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   q_segment = jnp.take_along_axis(segment_ids, jnp.clip(at, 0), 1)
   allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
   logp = jax.nn.log_softmax(jnp.where(allowed[:, None], scores, -1e9), -1)
-  picked = jnp.take_along_axis(logp, jnp.clip(source, 0)[:, None, :, None], -1)[..., 0]  # [B, h, M]
+  if span:
+    keys = slots[None, None, :]
+    in_span = (keys > (at - off)[:, :, None]) & (keys <= at[:, :, None])  # [B, M, T]
+    picked = (logp * in_span[:, None]).sum(-1) / jnp.maximum(off, 1)[:, None]  # [B, h, M]
+  else:
+    picked = jnp.take_along_axis(logp, jnp.clip(source, 0)[:, None, :, None], -1)[..., 0]  # [B, h, M]
   nll = -(picked * has[:, None]).sum() / jnp.maximum(has.sum() * heads, 1)
-  if not readout:
+  if not readout or span:
     return nll
   group = cfg.num_heads // cfg.num_kv_heads
   v = block.self_attn.v_proj(h)[:, :, chosen // group]  # [B, T, h, D]
@@ -109,7 +150,7 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
            ("link_source", 0, int(config.link_heads), 0),
            ("name_source", int(config.name_layer), int(config.name_heads), 1))
 
-  previous, every = int(config.previous_heads), int(config.previous_readout_every)
+  previous, every, spans = int(config.previous_heads), int(config.previous_readout_every), int(config.span_heads)
 
   def loss_fn(model, batch: dict, rng=None):
     del rng
@@ -127,6 +168,9 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
       parts["previous_attention"] = head_nll(model, xs[0], 0, previous, after.astype(jnp.int32), 0, seg.shape[1],
                                              seg, ids, readout, first=previous_first(model.config, config),
                                              readout_every=every)
+    if spans:  # at a name's last token (on the page, and where a note or instruction writes it out): its tokens
+      parts["span_attention"] = head_nll(model, xs[0], 0, spans, batch["span_source"], 0, most["span_source"], seg,
+                                         first=span_first(model.config, config), span=True)
     return loss + weight * sum(parts.values()), {**metrics, "reply_nll": loss, **parts}
 
   return loss_fn
@@ -135,19 +179,31 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
 def previous_first(decoder_config, config) -> int:
   """The first query head of layer 0 the previous-token heads use: past the link heads' key-value heads, so that
   neither shares the other's keys."""
+  return _past_kv_group(decoder_config, int(config.link_heads))
+
+
+def span_first(decoder_config, config) -> int:
+  """The first query head of layer 0 the span heads use: past the link and previous heads' key-value heads."""
+  return _past_kv_group(decoder_config, previous_first(decoder_config, config) + int(config.previous_heads))
+
+
+def _past_kv_group(decoder_config, heads: int) -> int:
   group = decoder_config.num_heads // decoder_config.num_kv_heads
-  return -(-int(config.link_heads) // group) * group
+  return -(-heads // group) * group
 
 
-def check_previous_heads(decoder_config, config) -> None:
-  """The previous-token heads fit in layer 0 beside the link heads' key-value heads; their readout's stride is ≥ 1."""
+def check_layer0_heads(decoder_config, config) -> None:
+  """The previous-token and span heads fit in layer 0 beside the link heads' key-value heads, each past the
+  others' keys; the previous heads' readout stride is >= 1."""
   if int(config.previous_readout_every) < 1:
     raise ValueError(f"config.targets.previous_readout_every={config.previous_readout_every}: the readout at every "
-                     "k-th token takes k ≥ 1 (1: every token); --config.targets.readout=False turns it off")
-  first = previous_first(decoder_config, config)
-  if int(config.previous_heads) and first + int(config.previous_heads) > int(decoder_config.num_heads):
-    raise ValueError(f"config.targets.previous_heads={config.previous_heads}: layer 0 has {decoder_config.num_heads} "
-                     f"heads and the link heads' keys take the first {first}; lower it or link_heads")
+                     "k-th token takes k >= 1 (1: every token); --config.targets.readout=False turns it off")
+  for key, first in (("previous_heads", previous_first(decoder_config, config)),
+                     ("span_heads", span_first(decoder_config, config))):
+    if int(config[key]) and first + int(config[key]) > int(decoder_config.num_heads):
+      raise ValueError(f"config.targets.{key}={config[key]}: layer 0 has {decoder_config.num_heads} heads and the "
+                       f"link{' and previous' if key == 'span_heads' else ''} heads' keys take the first {first}; "
+                       f"lower it or those")
 
 
 def copy_heads(model, layer: int, heads: int, scale: float, seed: int = 0):

@@ -17,7 +17,7 @@ def _encode(prompt: str, reply: str):
 def test_a_typed_string_is_read_off_its_last_occurrence_in_the_prompt():
   prompt = 'Type "xq-9" into the box. <input id="3"> </input> Type "xq-9" here.\n'
   ids, loss, start = _encode(prompt, 'do(action="Type", argument="xq-9", element="3")')
-  align, _ = alignment.alignment(ids, loss, PIECES)
+  align, _, _ = alignment.alignment(ids, loss, PIECES)
   reply = prompt + 'do(action="Type", argument="'
   for k, ch in enumerate("xq-9"):
     s = len(reply) + k
@@ -30,7 +30,7 @@ def test_a_typed_string_is_read_off_its_last_occurrence_in_the_prompt():
 def test_an_element_id_is_read_off_the_last_word_of_its_element():
   prompt = '<a id="12"> Home </a> <button id="7" type="submit"> Accept all </button> Click "Accept all".\n'
   ids, loss, start = _encode(prompt, 'do(action="Click", element="7")')
-  align, _ = alignment.alignment(ids, loss, PIECES)
+  align, _, _ = alignment.alignment(ids, loss, PIECES)
   s = start + len('do(action="Click", element="')
   assert PIECES[ids[s]] == "7"
   assert s - align[s] == prompt.index("Accept all </button>") + len("Accept all") - 1  # the 'l' of "all"
@@ -45,7 +45,7 @@ def test_no_source_no_target():
 def test_an_element_looked_up_by_name_points_back_at_the_name_in_the_instruction():
   prompt = 'Task Instruction: Open "Acorn Mug".\n<a id="12"> Acorn Mug </a> <a id="13"> Acorn </a> <input placeholder="x y">\n'
   ids, loss, start = _encode(prompt, 'do(action="Click", element="12")')
-  align, name = alignment.alignment(ids, loss, PIECES)
+  align, name, _ = alignment.alignment(ids, loss, PIECES)
   s = start + len('do(action="Click", element="')
   assert s - align[s] == prompt.index("Mug </a>") + 2  # on the page
   assert s - name[s] == prompt.index('Mug".') + 2  # in the instruction: the quoted name's last character
@@ -56,11 +56,11 @@ def test_a_value_is_read_after_the_element_the_instruction_names():
   page = '<a id="1"> Tern Lamp </a> $5.00 4.5 / 5 <a id="2"> Wren Mug </a> $7.00 4.5 / 5 <a id="3"> Ox Cup </a> $9.00 4.5'
   prompt = page + '\nTask Instruction: What is the rating of "Wren Mug"?\n'
   ids, loss, start = _encode(prompt, 'exit(message="4.5")')
-  align, name = alignment.alignment(ids, loss, PIECES)
+  align, name, _ = alignment.alignment(ids, loss, PIECES)
   s = start + len('exit(message="')
   assert s - align[s] == prompt.index("4.5", prompt.index("Wren Mug")), "the rating after Wren Mug, not the last one"
   assert s - name[s] == prompt.index('Mug"?') + 2
-  said, said_name = alignment.alignment(*_encode('Answer with "4.5".\n', 'exit(message="4.5")')[:2], PIECES)
+  said, said_name, _ = alignment.alignment(*_encode('Answer with "4.5".\n', 'exit(message="4.5")')[:2], PIECES)
   assert said.any() and (said_name == said).all()  # a string copied from the instruction: the token copied
 
 
@@ -77,7 +77,7 @@ def test_value_links_point_a_listings_values_at_its_name():
 def test_the_name_is_found_in_the_instruction_however_it_quotes(query):
   prompt = f'Task Instruction: {query}\n<a id="12"> Acorn Mug </a> <a id="13"> Mug </a>\n'
   ids, loss, start = _encode(prompt, 'do(action="Click", element="12")')
-  _, name = alignment.alignment(ids, loss, PIECES)
+  _, name, _ = alignment.alignment(ids, loss, PIECES)
   s = start + len('do(action="Click", element="')
   assert s - name[s] == prompt.index("Mug") + 2
 
@@ -86,7 +86,7 @@ def test_a_notes_name_is_copied_and_the_id_looks_it_up_where_the_note_wrote_it()
   prompt = 'Task Instruction: Open \u201cAcorn Mug\u201d.\n<a id="12"> Acorn Mug </a> <a id="13"> Mug </a>\n'
   reply = '# Note: I will click "Acorn Mug".\ndo(action="Click", element="12")'
   ids, loss, start = _encode(prompt, reply)
-  align, name = alignment.alignment(ids, loss, PIECES)
+  align, name, _ = alignment.alignment(ids, loss, PIECES)
   noted = start + reply.index("Acorn Mug")
   for k in range(len("Acorn Mug")):  # the note copies the name (its last occurrence before: on the page)
     assert ids[noted + k - align[noted + k]] == ids[noted + k] and align[noted + k] > 0
@@ -99,8 +99,28 @@ def test_a_typed_argument_is_copied_from_its_note():
   prompt = 'Task Instruction: Type \u201cxq-9\u201d into the \u201cName\u201d field.\n<input id="3"> </input>\n'
   reply = '# Note: I will type "xq-9" into the field.\ndo(action="Type", argument="xq-9", element="3")'
   ids, loss, start = _encode(prompt, reply)
-  align, _ = alignment.alignment(ids, loss, PIECES)
+  align, _, _ = alignment.alignment(ids, loss, PIECES)
   noted, arg = start + reply.index("xq-9"), start + reply.rindex("xq-9")
   for k in range(4):
     assert noted + k - align[noted + k] == prompt.index("xq-9") + k  # the note: from the instruction
     assert arg + k - align[arg + k] == noted + k  # the argument: from the note
+
+
+def test_a_name_written_out_in_full_spans_its_tokens_where_the_look_up_points():
+  prompt = ('Task Instruction: Open \u201cCandle F49\u201d.\n<a id="12"> Candle M49 </a> <a id="13"> Candle F49 </a>'
+            ' <a id="14"> F49 </a>\n')
+  reply = '# Note: I will click "Candle F49".\ndo(action="Click", element="13")'
+  ids, loss, start = _encode(prompt, reply)
+  _, name, spans = alignment.alignment(ids, loss, PIECES)
+  s = start + reply.index('13")')
+  named = s - name[s]
+  assert named == start + reply.index('F49"') + 2  # the note's last character
+  assert spans[named] == len("Candle F49")  # the whole name, one token a character here
+  assert np.count_nonzero(spans) == 1
+  # the instruction names it when the note does not quote it; a name not written out in full spans nothing
+  for query, want in (('Open "Candle F49".', len("Candle F49")), ('Open "F49".', 0)):
+    text = f'Task Instruction: {query}\n<a id="13"> Candle F49 </a>\n'
+    ids, loss, start = _encode(text, 'do(action="Click", element="13")')
+    _, name, spans = alignment.alignment(ids, loss, PIECES)
+    s = start + len('do(action="Click", element="')
+    assert spans[s - name[s]] == want

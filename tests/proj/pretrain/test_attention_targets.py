@@ -78,7 +78,7 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   cfg = ml_collections.ConfigDict(dict(weight=0.0, reply_layer=-1, reply_heads=2, link_heads=1, name_layer=0,
                                        name_heads=1, previous_heads=1, readout=False,
-                                       previous_readout_every=1))
+                                       previous_readout_every=1, span_heads=0))
   most = dict.fromkeys(targets.FIELDS, 4)
   plain, _ = sparse_token_nll(4)(model, batch)
   off, metrics = targets.pretrain_loss(4, cfg, most)(model, batch)
@@ -97,7 +97,7 @@ def test_the_previous_token_heads_are_scored_on_the_token_before_each_past_the_l
   model, batch = _model(), _batch()  # 4 heads over 2 key-value heads: the link head is 0, so previous heads 2..
   cfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=1, name_layer=0,
                                        name_heads=0, previous_heads=1, readout=False,
-                                       previous_readout_every=1))
+                                       previous_readout_every=1, span_heads=0))
   first = targets.previous_first(model.config, cfg)
   assert first == 2
   probs, _ = _attention_probs(model, 0, batch)
@@ -149,6 +149,34 @@ def test_copy_heads_make_value_then_output_a_scaled_projection():
     np.testing.assert_allclose(p @ p, p, atol=1e-5)  # a projection
     assert round(float(np.trace(p))) == cfg.head_dim  # onto one head's worth of directions
   np.testing.assert_allclose(o[3], np.asarray(_model().layers[1].self_attn.o_proj.kernel.get_value())[3])
+
+
+def test_span_heads_are_scored_on_the_mean_log_attention_over_the_names_tokens():
+  model, batch = _model(), _batch()
+  probs, xs = _attention_probs(model, 0, batch)
+  spans = np.zeros_like(batch["input_ids"])
+  spans[0, 3], spans[0, 9] = 3, 2  # keys 1..3, and 8..9 in segment 2
+  got = targets.head_nll(model, xs[0], 0, 1, jnp.asarray(spans), 0, 4, jnp.asarray(batch["segment_ids"]), first=2,
+                         span=True)
+  expect = -np.mean([np.mean(np.log(probs[0, 2, 3, 1:4])), np.mean(np.log(probs[0, 2, 9, 8:10]))])
+  np.testing.assert_allclose(float(got), expect, rtol=1e-5)
+
+
+def test_span_heads_go_past_the_link_and_previous_heads_keys_or_are_refused():
+  cfg = ml_collections.ConfigDict(dict(link_heads=1, previous_heads=1, span_heads=1, previous_readout_every=1))
+  wide = llama.DecoderConfig.tiny(num_heads=6, num_kv_heads=3, head_dim=8, hidden_size=48)
+  assert targets.span_first(wide, cfg) == 4
+  targets.check_layer0_heads(wide, cfg)
+  with pytest.raises(ValueError, match="span_heads"):
+    targets.check_layer0_heads(_model().config, cfg)  # 4 heads over 2 key-value heads: no room past heads 0..3
+  cfg.previous_heads = 0
+  assert targets.span_first(_model().config, cfg) == 2
+  targets.check_layer0_heads(_model().config, cfg)
+
+
+def test_element_spans_mark_each_elements_last_word_with_its_length():
+  pieces = ["<", 'a id="', "26", '">', " Candle", " F", "49", " </a>", "<", 'a id="', "27", '">', " Go", " </a>"]
+  assert targets.element_spans(list(range(len(pieces))), pieces).tolist() == [0] * 6 + [3] + [0] * 7
 
 
 def test_id_links_point_an_elements_words_at_its_id():
