@@ -20,8 +20,8 @@ comes from (`alignment`), so the loss also asks, with a cross-entropy over the k
     instruction writes out), to attend evenly to the name's tokens: the name's summary where the look-up matches,
     as sibling products share a name's last token (` F`, `49` / ` M`, `49`);
   * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
-    norm and the unembedding; the previous heads' at every `previous_readout_every`-th token, as with every token
-    the head took a step from 1.9 s to 2.3 s), and with `copy_init` their value and output projections start as a copy.
+    norm and the unembedding; the previous heads' at every `previous_readout_every`-th token, for the budget), and
+    with `copy_init` their value and output projections start as a copy.
 The architecture stays a plain Llama decoder: the base exports and loads as any other.
 """
 
@@ -95,8 +95,9 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
              readout: bool = False, first: int = 0, readout_every: int = 1, span: bool = False):
   """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target
   keys (with `span`, the mean over the `offsets` keys ending at the query itself: attention spread evenly over a
-  name's tokens); with `readout`, plus the cross-entropy of the source's token under those heads' output alone (through the
-  final norm and the unembedding) at every `readout_every`-th query: the heads must write what they read.
+  name's tokens); with `readout`, plus the cross-entropy of the source's token under those heads' output alone
+  (through the final norm and the unembedding) at every `readout_every`-th query: the heads must write what they
+  read.
 
   `offsets` [B, T]: where nonzero, the query at slot t should attend to slot t + shift - offsets: `shift` 1 for
   offsets counted from the token the query predicts (`alignment`), 0 from the query itself. At most `most`
@@ -131,7 +132,7 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
     return nll
   group = cfg.num_heads // cfg.num_kv_heads
   v = block.self_attn.v_proj(h)[:, :, chosen // group]  # [B, T, h, D]
-  every = slice(None, None, readout_every)  # the unembedding of every query would cost more than the attention
+  every = slice(None, None, readout_every)  # the readout's unembedding is [queries x vocabulary]
   logp, source, has = logp[:, :, every], source[:, every], has[:, every]
   read = jnp.einsum("bhmt,bthd->bmhd", jnp.exp(logp).astype(v.dtype), v)
   out = jnp.einsum("bmhd,hde->bme", read, block.self_attn.o_proj.kernel.get_value()[chosen].astype(v.dtype))
