@@ -61,7 +61,7 @@ Variants (`configs/webrl.py:<name>`):
           `bench=1` puts another variant on the benchmark the same way, e.g. `configs/webrl.py:smollm,bench=1`.
   base=1  starts from the project's pre-trained base (`model.base=pretrain`, configs/pretrain.py, built once and
           cached): its size and tokenizer, no warm-ups (it reads already), 96 demonstrations and 300 SFT steps at
-          5e-4, e.g. `configs/webrl.py:bench,base=1`; one seed from each of four bases: 0 to 2 of 210
+          5e-4, e.g. `configs/webrl.py:bench,base=1`; one seed from each of five bases: 0 to 3 of 210
           (docs/results/pretrain.md).
 """
 

@@ -1,6 +1,7 @@
 """End to end: the pre-training recipe's smoke config builds a base once into the cache; `model.base` points a
 recipe's training at it (its weights, architecture and tokenizer) and a rerun reuses it."""
 
+import json
 import os
 
 import jax
@@ -49,6 +50,11 @@ def test_the_base_is_built_once_with_its_probes(base):
   train = read_json(os.path.join(workdir, "train", DONE))
   assert train["fill"] > 0.5 and train["samples"] > 0
   assert config.data.tokenizer == ""  # the base's own
+  with open(os.path.join(workdir, "warmup", "metrics.jsonl"), encoding="utf-8") as f:
+    logged = [json.loads(line) for line in f]
+  for part in ("reply", "link", "name", "previous", "span"):  # every head the committed targets name trains
+    values = [m[f"{part}_attention"] for m in logged if f"{part}_attention" in m]
+    assert values and all(np.isfinite(v) and v > 0 for v in values), part
   stamp = os.path.getmtime(os.path.join(workdir, "probes", DONE))
   again = webrl_config.get_config("smoke")
   again.model.base = "pretrain:smoke"
@@ -85,9 +91,9 @@ def test_bad_bases_are_refused_naming_the_key(tmp_path):
 @pytest.mark.parametrize("key,value,match", [("corpus.skills", "click,fly", "corpus.skills"),
                                              ("corpus.quotes", "straight,angled", "corpus.quotes"),
                                              ("targets.name_layer", -1, "name_layer"),
-                                             ("targets.previous_heads", 3, "previous_heads"),
+                                             ("targets.previous_heads", 5, "previous_heads"),
                                              ("targets.previous_readout_every", 0, "previous_readout_every"),
-                                             ("targets.span_heads", 1, "span_heads")])
+                                             ("targets.span_heads", 3, "span_heads")])
 def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, match):
   bad = pretrain_config.get_config("smoke")
   section, field = key.split(".")
