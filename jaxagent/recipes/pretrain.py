@@ -53,6 +53,9 @@ def check_config(config) -> None:
     raise ValueError(f"config.probes.worlds ({b.first}..{b.first + b.count - 1}) overlap config.corpus.worlds "
                      f"({a.first}..{a.first + a.count - 1}): the probes must be on worlds pre-training never saw")
   t, d = config.targets, config.model.decoder
+  if int(d.hidden_size) % int(d.num_heads):  # the base exports as a Hugging Face Llama, which refuses it on load
+    raise ValueError(f"config.model.decoder.hidden_size={d.hidden_size} is not a multiple of num_heads="
+                     f"{d.num_heads}: the base exports as a Llama checkpoint; change either")
   if float(t.weight) < 0 or float(t.copy_init) < 0:
     raise ValueError(f"config.targets.weight={t.weight} and config.targets.copy_init={t.copy_init} must be >= 0")
   if float(t.weight) and config.loss_on != "reply":

@@ -88,6 +88,13 @@ def test_bad_bases_are_refused_naming_the_key(tmp_path):
     pretrain.check_config(bad)
 
 
+def test_a_width_the_heads_do_not_divide_is_refused_before_any_work():
+  bad = pretrain_config.get_config("smoke")
+  bad.model.decoder.hidden_size = 64  # over 6 heads: Hugging Face's Llama refuses the exported base on load
+  with pytest.raises(ValueError, match="hidden_size=64"):
+    pretrain.check_config(bad)
+
+
 @pytest.mark.parametrize("key,value,match", [("corpus.skills", "click,fly", "corpus.skills"),
                                              ("corpus.quotes", "straight,angled", "corpus.quotes"),
                                              ("targets.name_layer", -1, "name_layer"),
