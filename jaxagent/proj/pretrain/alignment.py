@@ -101,10 +101,11 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int],
           for k in content:  # each token at the same character of the value's occurrence
             j = full.token_at(at + offsets[k - start] - lo)
             align[k] = k - j if j < content[0] else 0
+          element = _element_before(full, at)
           if named >= 0:
             name[content[0]] = content[0] - named
-            spans[named] = _name_span(full, span, named, _element_text(full, _element_before(full, at)))
-          elif _element_before(full, at) < 0:  # copied from the instruction: the name heads bring the token copied
+            spans[named] = _name_span(full, span, named, _element_text(full, element))
+          elif element < 0:  # copied from the instruction: the name heads bring the token copied
             name[content] = align[content]
   return align, name, spans
 

@@ -56,10 +56,9 @@ def id_links(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
   return links
 
 
-def element_spans(ids: Sequence[int], pieces: Sequence[str]) -> np.ndarray:
+def element_spans(links: np.ndarray) -> np.ndarray:
   """spans[k] = L at the last word k of each element's text of two or more tokens (`<a id="j"> w1 … wn </a>`:
-  its tokens k-L+1..k, first word to last); else 0."""
-  links = id_links(ids, pieces)
+  its tokens k-L+1..k, first word to last); else 0. `links`: `id_links`' output."""
   words: dict[int, list[int]] = {}  # the id token -> its element's words
   for k in np.flatnonzero(links):
     words.setdefault(int(k - links[k]), []).append(int(k))
@@ -77,9 +76,9 @@ def target_rows(encoded, pieces: Sequence[str], seq_len: int) -> dict[str, np.nd
   fields = {f: [] for f in FIELDS}
   for ids, loss in encoded:
     align, named, spans = alignment.alignment(ids, loss, pieces)
-    links = id_links(ids, pieces)
-    links = np.where(links > 0, links, alignment.value_links(ids, pieces))
-    spans = np.maximum(spans, element_spans(ids, pieces))
+    to_id = id_links(ids, pieces)
+    links = np.where(to_id > 0, to_id, alignment.value_links(ids, pieces))
+    spans = np.maximum(spans, element_spans(to_id))
     for field, values in (("reply_source", align), ("name_source", named), ("link_source", as_loss_flags(links)),
                           ("span_source", as_loss_flags(spans))):
       fields[field].append((ids, values))

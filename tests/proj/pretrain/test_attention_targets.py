@@ -176,7 +176,8 @@ def test_span_heads_go_past_the_link_and_previous_heads_keys_or_are_refused():
 
 def test_element_spans_mark_each_elements_last_word_with_its_length():
   pieces = ["<", 'a id="', "26", '">', " Candle", " F", "49", " </a>", "<", 'a id="', "27", '">', " Go", " </a>"]
-  assert targets.element_spans(list(range(len(pieces))), pieces).tolist() == [0] * 6 + [3] + [0] * 7
+  links = targets.id_links(list(range(len(pieces))), pieces)
+  assert targets.element_spans(links).tolist() == [0] * 6 + [3] + [0] * 7
 
 
 def test_id_links_point_an_elements_words_at_its_id():
