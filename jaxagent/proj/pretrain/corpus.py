@@ -37,7 +37,7 @@ from jaxagent.agents.webrl import WebRL, compact_html, webrl_prompt
 from jaxagent.envs.sites import bench, expert, linkgraph, textpage
 from jaxagent.types import Action, ActionKind
 
-SKILLS = ("click", "type", "search", "read", "say")
+SKILLS = ("click", "mention", "type", "search", "read", "say")
 QUOTES = {"straight": ('"', '"'), "curly": ("\u201c", "\u201d"), "bare": ("", "")}
 FORMATS = ("webrl",)
 # World seeds the benchmark and the recipes evaluate on are the global seeds (0, 1, 2, ...); pre-training and
@@ -177,18 +177,62 @@ def _say(rng, html, style):
   return query, Action(ActionKind.ANSWER, text=s), "", s, expert.FINISHED
 
 
-_MAKERS = {"click": _click, "type": _type, "search": _search, "read": _read, "say": _say}
+_OPENERS = ("I am after", "Please get me", "Take me to", "Show me", "I need", "Go with", "Help me with",
+            "I would like", "Point me to", "Bring up")
+_JOINS = (", ", " and ", " plus ", " with ", " in ", " for ", " then ")
+_ENDINGS = ("", " please", " today", " for me", " now")
 
 
-def _query(rng: random.Random, html: str, skills: tuple[str, ...], quotes: tuple[str, ...] = ("straight",)):
-  """One skill query on the page: (query, reply, element id, string, skill, style), or None when the drawn skill
-  has nothing to act on here."""
+def _absent_name(rng, html: str) -> str:
+  """A made-up name no element of the page holds."""
+  while True:
+    name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
+    name = name.capitalize() if rng.random() < 0.5 else name
+    if name.lower() not in html.lower():
+      return name
+
+
+def _mention(rng, html, style, first=True):
+  """Click the one element of the page that the instruction mentions and no earlier round clicked. The instruction
+  is a sentence naming 1-4 things (the target; with `first`, 0-2 elements of the page that the history's rounds
+  clicked; 0-2 names no element holds), a one-word name lowercased half the time: how a task names the several
+  things it wants, of which the page shows some and the agent has done some. Returns, with the query, the rounds
+  the history must hold ((name, id) pairs) and the name it must not."""
+  names = _unique_elements(html)
+  within = lambda a, b: re.search(r"(?<!\w)" + re.escape(a.lower()) + r"(?!\w)", b.lower()) is not None
+  # names no other element's name is part of (`Redfern` in `Redfern Studio Pendant Light T21`), so one answers
+  links = sorted(t for t, (tag, _) in names.items() if tag in ("a", "button")
+                 and not any(o != t and within(o, t) for o in names))
+  if not links:
+    return None
+  target = rng.choice(links)
+  others = [t for t in links if not within(target, t) and not within(t, target)]
+  done = rng.sample(others, min(len(others), rng.choice((0, 1, 1, 2)))) if first else []
+  mentioned = [target, *done, *(_absent_name(rng, html) for _ in range(rng.choice((0, 1, 1, 2))))]
+  rng.shuffle(mentioned)
+  q, _ = _quoting(style)
+  said = [q(n.lower() if " " not in n and rng.random() < 0.5 else n) for n in mentioned]
+  sentence = said[0] + "".join(rng.choice(_JOINS) + n for n in said[1:])
+  query = f"{rng.choice(_OPENERS)} {sentence}{rng.choice(_ENDINGS)}."
+  eid = names[target][1]
+  return (query, Action(ActionKind.CLICK, element=int(eid)), eid, "", expert.intention("click", target),
+          ([(d, names[d][1]) for d in done], target))
+
+
+_MAKERS = {"click": _click, "mention": _mention, "type": _type, "search": _search, "read": _read, "say": _say}
+
+
+def _query(rng: random.Random, html: str, skills: tuple[str, ...], quotes: tuple[str, ...] = ("straight",),
+           first: bool = True):
+  """One skill query on the page: (query, reply, element id, string, skill, style, (the earlier rounds' clicks it
+  needs as (name, id) pairs, the name they must not click))), or None when the drawn skill has nothing to act on
+  here. `first`: the query opens the prompt, whose history can hold those clicks (a follow-up turn has none)."""
   skill, style = rng.choice(skills), rng.choice(quotes)
-  made = _MAKERS[skill](rng, html, style)
+  made = _MAKERS[skill](rng, html, style, first) if skill == "mention" else _MAKERS[skill](rng, html, style)
   if made is None:
     return None
-  query, action, eid, text, thought = made
-  return query, _reply(action, thought), eid, text, skill, style
+  query, action, eid, text, thought, *done = made
+  return query, _reply(action, thought), eid, text, skill, style, done[0] if done else ((), "")
 
 
 def _reply(action: Action, thought: str) -> str:
@@ -196,14 +240,17 @@ def _reply(action: Action, thought: str) -> str:
   return _FORMAT.render(action, expert.webrl_note(thought))
 
 
-def _history(rng: random.Random, html: str) -> list[str]:
-  """0-2 earlier rounds' replies: clicks on elements named as this page names them."""
+def _history(rng: random.Random, html: str, rounds=((), "")) -> list[str]:
+  """0-2 earlier rounds' replies: clicks on elements named as this page names them; `rounds` ((name, id) pairs,
+  a name): those clicks among them, in a random order, and none on that name."""
+  clicked, avoid = rounds
   names = sorted(_unique_elements(html).items())
-  out = []
-  for _ in range(rng.choice((0, 0, 1, 2)) if names else 0):
-    text, (_, eid) = rng.choice(names)
-    out.append(_reply(Action(ActionKind.CLICK, element=int(eid)), expert.intention("click", text)))
-  return out
+  picks = [(text, eid) for text, (_, eid) in (rng.choice(names) for _ in range(rng.choice((0, 0, 1, 2))))] if names \
+      else []
+  picks = [(text, eid) for text, eid in picks if text != avoid] + list(clicked)
+  if clicked:
+    rng.shuffle(picks)
+  return [_reply(Action(ActionKind.CLICK, element=int(eid)), expert.intention("click", text)) for text, eid in picks]
 
 
 def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
@@ -214,9 +261,9 @@ def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_pa
   for _ in range(per_page):
     made = _query(rng, html, skills, quotes)
     if made is not None:
-      query, reply, eid, text, skill, style = made
-      out.append(Example(skill, webrl_prompt(query, _history(rng, html), html, max_prompt_chars), reply, eid, text,
-                         style))
+      query, reply, eid, text, skill, style, rounds = made
+      out.append(Example(skill, webrl_prompt(query, _history(rng, html, rounds), html, max_prompt_chars), reply, eid,
+                         text, style))
   return out
 
 
@@ -228,13 +275,13 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
   first = _query(rng, html, skills, quotes)
   if first is None:
     return None
-  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng, html), html, max_prompt_chars)},
+  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng, html, first[6]), html, max_prompt_chars)},
            {"from": "gpt", "value": first[1]}]
   follow_up_chars = sample_chars - len(turns[0]["value"])
   used, tries = 0, 0
   while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
     tries += 1
-    made = _query(rng, html, skills, quotes)
+    made = _query(rng, html, skills, quotes, first=False)
     if made is None:
       continue
     turns += [{"from": "human", "value": f"Task Instruction: {made[0]}"}, {"from": "gpt", "value": made[1]}]

@@ -27,21 +27,27 @@ def _element_text(html: str, eid: str) -> str:
 
 
 def test_every_reply_answers_its_query_on_its_page(samples):
-  checked = {"click": 0, "type": 0, "search": 0, "read": 0, "say": 0}
+  checked = {"click": 0, "mention": 0, "type": 0, "search": 0, "read": 0, "say": 0}
   styles = collections.Counter()
   for item in samples:
     turns = item["conversations"]
     html = current_html(turns[0]["value"] + "\n\n<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n")
     if item["id"].startswith("page-"):
       assert "seed 100" in html  # a page of world 1000 or 1001 (the sites' footer names its world)
-    for human, gpt in zip(turns[0::2], turns[1::2]):
+    for k, (human, gpt) in enumerate(zip(turns[0::2], turns[1::2])):
       query = re.search(r"Task Instruction: (.*?)(?:\n|$)", human["value"]).group(1)
       quoted = re.findall(r'"([^"]*)"|\u201c([^\u201d]*)\u201d', query)
       quoted = [a or b for a, b in quoted]
       styles.update(["curly" if "\u201c" in query else "straight" if '"' in query else "bare"])
       action = FMT.parse(gpt["value"])
       assert action.kind != ActionKind.INVALID, gpt["value"]
-      if action.kind == ActionKind.CLICK:
+      if action.kind == ActionKind.CLICK and query.startswith(corpus._OPENERS):  # pylint: disable=protected-access
+        # the one element the sentence mentions that no earlier round of the prompt clicked
+        name = _element_text(html, str(action.element))
+        clicked = re.findall(r'I will click "([^"]+)"', human["value"]) if k == 0 else []
+        assert name.lower() in query.lower() and name not in clicked, (query, clicked, gpt["value"])
+        checked["mention"] += 1
+      elif action.kind == ActionKind.CLICK:
         name = _element_text(html, str(action.element))
         assert (name == quoted[0]) if quoted else (name in query), (query, gpt["value"])
         checked["click"] += 1
@@ -105,3 +111,20 @@ def test_no_benchmark_intent_or_demonstration_reply_is_in_the_corpus(samples):
   notes = [re.match(r'# Note: (.*)\n', t["value"]) for it in samples for t in it["conversations"][1::2]]
   assert strings and all(notes)
   assert not {q for note in notes for q in re.findall(r'"([^"]*)"', note.group(1))} & strings
+
+
+def test_a_mention_has_one_answer_the_element_it_names_that_no_earlier_round_clicked():
+  examples = corpus.examples(1000, 1, walks_per_world=3, walk_steps=4, per_page=3, skills=("mention",), seed=2)
+  assert len(examples) > 20
+  with_history = 0
+  for ex in examples:
+    html = current_html(ex.prompt)
+    query = re.search(r"Task Instruction: (.*?)\n", ex.prompt).group(1)
+    clicked = set(re.findall(r'I will click "([^"]+)"', ex.prompt))
+    target = _element_text(html, ex.element)
+    assert target.lower() in query.lower() and target not in clicked
+    for text in corpus._unique_elements(html):  # pylint: disable=protected-access
+      if text != target and re.search(r"(?<!\w)" + re.escape(text.lower()) + r"(?!\w)", query.lower()):
+        assert text in clicked, (query, text, clicked)  # any other element it names was clicked before
+        with_history += 1
+  assert with_history > 5

@@ -1,0 +1,43 @@
+"""Step accuracy on the expert's steps: what counts as the expert's action, and the tallies by family and step."""
+
+from data_tools import step_accuracy
+from jaxagent.agents.webrl import WebRL
+from jaxagent.types import Step, Task, Trajectory
+
+FMT = WebRL()
+STOP = '# Note: The task is complete.\nexit(message="Done.")'
+
+
+def _click(name, element):
+  return f'# Note: I will click "{name}".\ndo(action="Click", element="{element}")'
+
+
+def _type(text, element):
+  return f'# Note: I will type "{text}" into the field.\ndo(action="Type", argument="{text}", element="{element}")'
+
+
+def test_an_action_is_right_with_the_experts_kind_element_and_string():
+  assert step_accuracy.same_action(FMT, _click("Home", 5), _click("Home", 5)) == (True, True)
+  assert step_accuracy.same_action(FMT, _click("Kitchen", 5), _click("Home", 5)) == (True, True)  # the act counts
+  assert step_accuracy.same_action(FMT, _click("Home", 6), _click("Home", 5)) == (False, False)
+  assert step_accuracy.same_action(FMT, _type("So true", 16), _type("So true.", 16)) == (False, True)
+  assert step_accuracy.same_action(FMT, _click("x", 16), _type("So true.", 16)) == (False, True)
+  assert step_accuracy.same_action(FMT, 'exit(message="42")', 'exit(message="4.2")') == (False, True)
+  assert step_accuracy.same_action(FMT, "do(action=", _click("Home", 5)) == (False, False)  # malformed
+  assert step_accuracy.same_action(FMT, STOP, STOP) == (True, True)
+
+
+def test_tallies_count_steps_by_family_and_kind_and_episodes_whose_every_step_is_right():
+  def episode(k, family, steps):
+    task = Task(id=f"t{k}", intent="i", site="shop", start_url="u", meta={"family": family})
+    return Trajectory(task=task, success=1.0, steps=[Step(step=i, obs_text=f"page {k}.{i}", action_text=want)
+                                                     for i, want in enumerate(steps)])
+  trajs = [episode(0, "cart", [_click("Home", 5), STOP]), episode(1, "reply", [_click("Home", 5), _type("Hi", 9), STOP])]
+  replies = [_click("Home", 5), STOP, _click("Home", 5), _type("Ho", 9), STOP]  # the step samples' order
+  tally, records = step_accuracy.tally(FMT, trajs, replies)
+  assert tally["all"] == {"steps": 5, "right": 4, "element": 5, "episodes": 2, "episodes_right": 1}
+  assert tally["cart"]["episodes_right"] == 1 and tally["reply"]["episodes_right"] == 0
+  assert tally["type"] == {"steps": 1, "right": 0, "element": 1}
+  assert tally["click"]["steps"] == 2 and tally["stop"]["right"] == 2
+  assert [r["right"] for r in records] == [True, True, True, False, True]
+  assert "| all | 5 | 4 (80.0 %) | 5 (100.0 %) | 1 (50.0 %) |" in step_accuracy.table(tally)
