@@ -31,13 +31,6 @@ from jaxagent.train.losses import TOKEN_LEVEL, weighted_token_nll
 from jaxagent.train.step import LossFn
 
 
-def on_host(model: nnx.Module) -> nnx.Module:
-  """The model with host (numpy) parameters: `load_policy` places them on one device, and the training mesh may
-  span several, where committed single-device arrays cannot enter its jit."""
-  graphdef, state = nnx.split(model)
-  return nnx.merge(graphdef, jax.device_get(state))
-
-
 def _preview(tokenizer, arrays: dict) -> str:
   """A sample's target text with its loss-carrying spans in ⟦ ⟧ (a TensorBoard check of the mask)."""
   n = int(arrays["attention_mask"].sum())
@@ -114,7 +107,7 @@ def finetune(config, workdir: str, items: list[dict], *, agent: AgentFormat | No
     ds = pipeline.il_dataset(items, encode, batch_size=int(config.train.batch_size), seed=int(config.seed))
   pretrained: Callable[[], nnx.Module] | None = built.pretrained
   if init_from:
-    pretrained = lambda: on_host(built.adapt(load_policy(init_from).model))  # its adapters merged, ours added
+    pretrained = lambda: loop.on_host(built.adapt(load_policy(init_from).model))  # its adapters merged, ours added
 
   def on_start(writer, ts):
     del ts

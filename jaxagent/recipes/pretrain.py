@@ -33,7 +33,6 @@ import numpy as np
 from jaxagent import models
 from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenizer_lib
 from jaxagent.pipeline.config import stage_config
-from jaxagent.pipeline.finetune import on_host
 from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.proj.pretrain import corpus, targets
 from jaxagent.serving.checkpoint import export_policy, load_policy
@@ -175,7 +174,7 @@ def train_on(config, section, workdir: str, corpus_name: str, out: str, init_fro
     if float(t.copy_init) and not init_from:
       model_fn = lambda: _copy_heads(config, built.init())
   ds = pipeline.rows_dataset(rows, batch_size=int(train_config.train.batch_size), seed=int(train_config.seed))
-  pretrained = (lambda: on_host(load_policy(init_from).model)) if init_from else None
+  pretrained = (lambda: loop.on_host(load_policy(init_from).model)) if init_from else None
   loop.train(train_config, out, model_fn=model_fn, loss_fn=loss, dataset=ds, pretrained=pretrained,
              flops_per_token=built.flops_per_token, read_options=pipeline.read_options(int(config.data.num_threads)))
   return {"rows": len(rows["input_ids"]), "fill": packing.fill(rows), "samples": len(encoded), "dropped": dropped,

@@ -45,6 +45,13 @@ def _check_finite(metrics, step: int, ckpt: Checkpointer) -> None:
         "loss's per-sample weights.")
 
 
+def on_host(model: nnx.Module) -> nnx.Module:
+  """The model with host (numpy) parameters, as `train`'s `pretrained` returns it: a loaded model sits on one
+  device, and the training mesh may span several, where committed single-device arrays cannot enter its jit."""
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, jax.device_get(state))
+
+
 def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: LossFn,
           dataset: grain.MapDataset, flops_per_token: float | None = None,
           on_start: Callable[[MetricWriter, TrainState], None] | None = None,

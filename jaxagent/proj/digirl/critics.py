@@ -168,14 +168,9 @@ def train(config, workdir: str, arrays: Mapping[str, np.ndarray], model_fn, loss
   for `config.train.steps` with the shared loop; returns the trained module. `config`: a `stage_config`."""
   rows = {k: arrays[k] for k in ("text", "image", "next_text", "next_image", "label") if k in arrays}
   ds = pipeline.rows_dataset(rows, batch_size=int(config.train.batch_size), seed=int(config.seed))
-  pretrained = (lambda: _on_host(start)) if start is not None else None
+  pretrained = (lambda: loop.on_host(start)) if start is not None else None
   loop.train(config, workdir, model_fn=model_fn, loss_fn=loss_fn, dataset=ds, pretrained=pretrained)
   return loop.restore_model(config, workdir, model_fn)
-
-
-def _on_host(model: nnx.Module) -> nnx.Module:
-  graphdef, state = nnx.split(model)
-  return nnx.merge(graphdef, jax.device_get(state))
 
 
 def trajectory_values(model: TrajectoryCritic, text: np.ndarray) -> np.ndarray:
