@@ -21,7 +21,9 @@ Keys a researcher changes first:
                     up to about corpus.sample_chars characters (~ data.seq_len tokens)
   corpus.skills     which skills the corpus holds (comma-separated, of `proj.pretrain.corpus.SKILLS`), drawn
                     uniformly from the list (a skill named twice is drawn twice as often; the probes ask each
-                    skill alike)
+                    skill alike); `mention` (click the one element a sentence names that the page shows and no
+                    earlier round clicked) is left out: in the same budget it cost the look-up and the copy more
+                    than it gave (docs/results/pretrain.md#mention)
   corpus.quotes     how queries quote a name or a string (of `corpus.QUOTES`: straight "X", curly “X”, bare X for
                     a name), drawn uniformly; the probes ask in the same styles and report each
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
