@@ -10,6 +10,11 @@ would solve alone). The expert's episodes are evaluation data only: no recipe tr
 
   python data_tools/step_accuracy.py --workdir W                      # W/sft on every test intent: W/steps/
   python data_tools/step_accuracy.py --workdir W --policy P/export/base --out W/steps_base
+  python data_tools/step_accuracy.py --paired A/steps/steps.jsonl B/steps/steps.jsonl [--paired ... (a seed each)]
+
+`--paired` compares two policies on the same expert steps (B − A): per intent, the share of its steps right (each
+intent counts once, however many steps it has), over every step and by the expert's step kind, with the
+hierarchical bootstrap's 95 % interval over seeds and intents (`pipeline.report.paired_difference`).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import sys
 
 import ml_collections
 
+from jaxagent.agents.webrl import WebRL
 from jaxagent.data.conversation import step_samples
 from jaxagent.envs.sites.expert import ScriptedExpert
-from jaxagent.pipeline import device
+from jaxagent.pipeline import device, report
 from jaxagent.pipeline.tasks import suite
 from jaxagent.proj.webrl import data
 from jaxagent.recipes import webrl
@@ -90,6 +96,38 @@ def tally(fmt, trajs, replies: list[str]) -> tuple[dict, list[dict]]:
   return {k: dict(v) for k, v in counts.items()}, records
 
 
+def read_records(path: str) -> dict[str, dict]:
+  with open(path, encoding="utf-8") as f:
+    return {r["id"]: r for r in map(json.loads, f)}
+
+
+def paired(pairs: list[tuple[dict, dict]], resamples: int = 10_000) -> dict[str, dict]:
+  """B − A on the same expert steps, a (records A, records B) pair a seed (`tally`'s records by step id): {"all" |
+  step kind: `report.paired_difference` over intents, each intent's share of its steps right}."""
+  fmt = WebRL()
+  out = {}
+  for kind in ("all", "click", "type", "stop"):
+    per_seed = {}
+    for s, (a, b) in enumerate(pairs):
+      if set(a) != set(b):
+        raise ValueError(f"pair {s}: the two step records cover different steps ({len(a)} against {len(b)}); "
+                         "run both policies on the same workdir's expert episodes")
+      by_intent = collections.defaultdict(lambda: ([], []))
+      for step_id in sorted(a):
+        if kind == "all" or step_name(fmt, a[step_id]["expert"]) == kind:
+          ra, rb = by_intent[step_id.rsplit("-", 1)[0]]
+          ra.append(a[step_id]["right"])
+          rb.append(b[step_id]["right"])
+      if by_intent:
+        per_seed[s] = ([sum(ra) / len(ra) for ra, _ in by_intent.values()],
+                       [sum(rb) / len(rb) for _, rb in by_intent.values()])
+    if per_seed:
+      out[kind] = {**report.paired_difference(per_seed, resamples),
+                   "a": sum(sum(x[0]) for x in per_seed.values()) / sum(len(x[0]) for x in per_seed.values()),
+                   "b": sum(sum(x[1]) for x in per_seed.values()) / sum(len(x[1]) for x in per_seed.values())}
+  return out
+
+
 def table(counts: dict) -> str:
   rows = ["| | steps | step right | element right | episodes every step right |", "|---|---|---|---|---|"]
   pct = lambda a, b: f"{a} ({100 * a / b:.1f} %)" if b else "–"
@@ -101,12 +139,23 @@ def table(counts: dict) -> str:
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", required=True, help="a WebRL run's workdir (its config.json and tasks/)")
+  parser.add_argument("--workdir", help="a WebRL run's workdir (its config.json and tasks/)")
+  parser.add_argument("--paired", nargs=2, action="append", metavar=("A", "B"), default=[],
+                      help="two policies' steps.jsonl on the same expert steps (one pair a seed): B − A")
   parser.add_argument("--policy", default="", help="the policy to ask (default: the run's π_0, W/sft)")
   parser.add_argument("--split", default="test")
   parser.add_argument("--out", default="", help="where the expert's episodes and the tallies go (default W/steps)")
   parser.add_argument("--batch", type=int, default=8)
   args = parser.parse_args(argv)
+  if args.paired:
+    result = paired([(read_records(a), read_records(b)) for a, b in args.paired])
+    print("| expert's step | intents | A | B | B − A [95 %] |\n|---|---|---|---|---|")
+    for kind, r in result.items():
+      print(f"| {kind} | {sum(r['episodes'])} | {100 * r['a']:.1f} % | {100 * r['b']:.1f} % | "
+            f"{100 * r['mean']:+.1f} [{100 * r['ci95'][0]:+.1f}, {100 * r['ci95'][1]:+.1f}] |")
+    return result
+  if not args.workdir:
+    parser.error("--workdir W (or --paired A B)")
   with open(os.path.join(args.workdir, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
   out = args.out or os.path.join(args.workdir, "steps")

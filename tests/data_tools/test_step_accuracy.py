@@ -1,5 +1,7 @@
 """Step accuracy on the expert's steps: what counts as the expert's action, and the tallies by family and step."""
 
+import pytest
+
 from data_tools import step_accuracy
 from jaxagent.agents.webrl import WebRL
 from jaxagent.types import Step, Task, Trajectory
@@ -41,3 +43,16 @@ def test_tallies_count_steps_by_family_and_kind_and_episodes_whose_every_step_is
   assert tally["click"]["steps"] == 2 and tally["stop"]["right"] == 2
   assert [r["right"] for r in records] == [True, True, True, False, True]
   assert "| all | 5 | 4 (80.0 %) | 5 (100.0 %) | 1 (50.0 %) |" in step_accuracy.table(tally)
+
+
+def test_paired_counts_each_intent_once_and_pairs_the_same_steps():
+  expert = {"a-0": _click("Home", 5), "a-1": STOP, "b-0": _click("Home", 5), "b-1": _type("Hi", 9), "b-2": STOP}
+  rec = lambda rights: {k: {"expert": e, "right": r} for (k, e), r in zip(expert.items(), rights)}
+  worse, better = rec([0, 1, 0, 0, 1]), rec([1, 1, 1, 1, 1])
+  out = step_accuracy.paired([(worse, better)], resamples=200)
+  # intent a: 1/2 -> 1, intent b: 1/3 -> 1; each intent counts once
+  assert abs(out["all"]["a"] - (1 / 2 + 1 / 3) / 2) < 1e-9 and out["all"]["b"] == 1.0
+  assert abs(out["all"]["mean"] - (1 / 2 + 2 / 3) / 2) < 1e-9 and out["all"]["episodes"] == [2]
+  assert out["type"]["episodes"] == [1] and out["type"]["mean"] == 1.0 and out["stop"]["mean"] == 0.0
+  with pytest.raises(ValueError, match="different steps"):
+    step_accuracy.paired([(worse, {k: v for k, v in better.items() if k != "b-2"})])
