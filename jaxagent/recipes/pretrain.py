@@ -206,13 +206,9 @@ def stage_probes(config, workdir, out):
   per_style: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
   rows = []
   for it, reply in zip(items, replies):
-    action = fmt.parse(reply)
     for s in (per_skill[it["skill"]], per_style[it.get("style", "straight")]):
-      if it["element"]:
-        s["grounding"].append(float(action.element is not None and str(action.element) == it["element"]))
-      if it["text"]:
-        s["copy"].append(float(action.text == it["text"]))
-      s["exact"].append(float(reply.strip() == it["conversations"][1]["value"].strip()))
+      for key, value in probe_scores(fmt, it, reply).items():
+        s[key].append(value)
     rows.append({"id": it["id"], "skill": it["skill"], "reply": reply, "want": it["conversations"][1]["value"]})
   write_json(os.path.join(out, "replies.json"), rows)
   table = lambda per: {name: {k: float(np.mean(v)) for k, v in m.items()} | {"n": len(m["exact"])}
@@ -221,6 +217,19 @@ def stage_probes(config, workdir, out):
   return {"grounding": float(np.mean(pooled("grounding"))), "copy": float(np.mean(pooled("copy"))),
           "exact": float(np.mean(pooled("exact"))), "n": len(items), "by_skill": table(per_skill),
           "by_style": table(per_style)}
+
+
+def probe_scores(fmt, probe: dict, reply: str) -> dict[str, float]:
+  """One probe's scores (1.0 right, 0.0 wrong): grounding where it names an element (the reply's id is that
+  element's), copy where it asks for a string (the reply's typed or answered string is that one), exact always
+  (the reply is the corpus's, character for character)."""
+  action, out = fmt.parse(reply), {}
+  if probe["element"]:
+    out["grounding"] = float(action.element is not None and str(action.element) == probe["element"])
+  if probe["text"]:
+    out["copy"] = float(action.text == probe["text"])
+  out["exact"] = float(reply.strip() == probe["conversations"][1]["value"].strip())
+  return out
 
 
 # ------------------------------------------------------------------------------------------ the base for recipes
