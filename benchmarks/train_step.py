@@ -6,6 +6,10 @@ analytic model FLOPs (`train.mfu`) / step time / the matmul rate measured on thi
 (target ≥ 35% for ~100M).
 
   python benchmarks/train_step.py --json /tmp/train_step.json [--steps 3] [--only tiny] [--profile]
+  python benchmarks/train_step.py --json /tmp/train_step_bf16.json --dtype bfloat16
+
+`--dtype bfloat16` computes in bfloat16 with float32 parameters (PyTorch: `torch.autocast`), and also times our
+step with bfloat16 product results (`layers.CPU_BF16_FLOAT32_RESULT=False`, the path before float32 results).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import jax
 import numpy as np
 
 from jaxagent import sharding
+from jaxagent.models import layers
 from jaxagent.models.llama import DecoderConfig, init_decoder
 from jaxagent.train import mfu
 from jaxagent.train.losses import masked_cross_entropy
@@ -126,17 +131,20 @@ def bench_ours(cfg, ids, steps, profile=False):
 
 
 def bench_torch(cfg, ids, steps):
+  import contextlib  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
-  hf = transformers.LlamaConfig(**cfg.to_hf())
+  hf = transformers.LlamaConfig(**cfg.replace(dtype="float32").to_hf())
   model = transformers.LlamaForCausalLM(hf).float().train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
   x = torch.from_numpy(ids.astype(np.int64))
+  autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if cfg.dtype == "bfloat16" else contextlib.nullcontext
 
   def one():
     opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=x[:, :-1]).logits
+    with autocast():
+      logits = model(input_ids=x[:, :-1]).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -151,6 +159,8 @@ def main():
   parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement (after 2 warm-up)")
   parser.add_argument("--only", choices=sorted(CONFIGS), default=None)
   parser.add_argument("--profile", action="store_true", help="also where our step's time goes, by part and op")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the compute dtype (parameters stay float32)")
   args = parser.parse_args()
 
   import torch  # pylint: disable=g-import-not-at-top
@@ -159,11 +169,11 @@ def main():
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
                      "torch": torch.__version__, "jax_device": str(jax.devices()[0]),
                      "load_avg_at_start": os.getloadavg()},
-         "measured_matmul_flops": peak, "configs": {}}
+         "measured_matmul_flops": peak, "dtype": args.dtype, "configs": {}}
   for name, spec in CONFIGS.items():
     if args.only and name != args.only:
       continue
-    cfg, batch, seq = spec["cfg"], spec["batch"], spec["seq"]
+    cfg, batch, seq = spec["cfg"].replace(dtype=args.dtype), spec["batch"], spec["seq"]
     ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (batch, seq + 1)).astype(np.int32)
     tokens = batch * seq
     flops = mfu.decoder_flops_per_token(cfg, seq) * tokens
@@ -176,11 +186,19 @@ def main():
            "ours_step_s": t_ours, "torch_step_s": t_torch}
     if breakdown:
       row["ours_profile"] = breakdown
+    if args.dtype == "bfloat16":  # the earlier path: bfloat16 product results
+      layers.CPU_BF16_FLOAT32_RESULT = False
+      t_bf16_results, _ = bench_ours(cfg, ids, args.steps)
+      layers.CPU_BF16_FLOAT32_RESULT = True
+      row.update(ours_bf16_results_step_s=t_bf16_results, ratio_f32_results_over_bf16_results=t_bf16_results / t_ours)
     out["configs"][name] = row
     print(f"{name:>5} ({cfg.num_params / 1e6:.1f}M params, batch {batch}x{seq}): ours {row['ours_tokens_per_s']:.0f} "
           f"tok/s, transformers {row['torch_tokens_per_s']:.0f} tok/s, ratio {row['ratio_ours_over_torch']:.2f}x; "
           f"MFU ours {row['ours_mfu_vs_measured_matmul']:.1%} / torch {row['torch_mfu_vs_measured_matmul']:.1%} "
           f"of {peak / 1e9:.1f} GFLOP/s measured")
+    if args.dtype == "bfloat16":
+      print(f"      float32 product results {row['ratio_f32_results_over_bf16_results']:.2f}x the bfloat16-result path "
+            f"({t_ours:.3f} s against {row['ours_bf16_results_step_s']:.3f} s a step)")
     if breakdown:
       total = sum(breakdown["ms_per_step_by_part"].values())
       print(f"  ours, {total:.1f} ms of op time a step: " + ", ".join(

@@ -72,7 +72,8 @@ class Dense(nnx.Module):
     if math.prod(lead) == 1 and k_in % ROW_SPLIT == 0 and ROW_SPLIT > 1 and jax.default_backend() == "cpu":
       y = one_row_product(x.astype(self.dtype).reshape(k_in), kernel.reshape(k_in, k_out))
     else:
-      y = x.astype(self.dtype).reshape(-1, k_in) @ kernel.reshape(k_in, k_out)
+      y = jnp.dot(x.astype(self.dtype).reshape(-1, k_in), kernel.reshape(k_in, k_out),
+                  preferred_element_type=product_type(self.dtype)).astype(self.dtype)
     y = y.reshape(*lead, *self.out_shape)
     if self.bias is not None:
       y = y + self.bias.get_value().astype(self.dtype)
@@ -83,6 +84,20 @@ class Dense(nnx.Module):
 # on CPU; 1 turns it off.
 ROW_SPLIT = 4
 
+# On CPU, bfloat16 products written out in float32 (then rounded to bfloat16): XLA:CPU lowers a product with a
+# bfloat16 result as both operands converted to float32, a float32 product and a conversion back, slower than
+# float32 itself; with a float32 result its matmul library takes the bfloat16 operands as they are
+# (docs/results/performance.md, "bfloat16 on CPU"). False: the plain bfloat16 product.
+CPU_BF16_FLOAT32_RESULT = True
+
+
+def product_type(dtype) -> Any:
+  """The `preferred_element_type` of a product in `dtype`: float32 for bfloat16 on CPU (`CPU_BF16_FLOAT32_RESULT`),
+  else None (the operands' type)."""
+  if CPU_BF16_FLOAT32_RESULT and jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return jnp.float32
+  return None
+
 
 def one_row_product(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x [K] @ kernel [K, N]`, as ROW_SPLIT partial products over consecutive chunks of K, summed. XLA:CPU runs a
@@ -91,8 +106,8 @@ def one_row_product(x: jax.Array, kernel: jax.Array) -> jax.Array:
   (docs/results/performance.md, "one-row products")."""
   k_in, k_out = kernel.shape
   parts = jnp.einsum("cd,cdn->cn", x.reshape(ROW_SPLIT, k_in // ROW_SPLIT),
-                     kernel.reshape(ROW_SPLIT, k_in // ROW_SPLIT, k_out))
-  return parts.sum(0)
+                     kernel.reshape(ROW_SPLIT, k_in // ROW_SPLIT, k_out), preferred_element_type=product_type(x.dtype))
+  return parts.sum(0).astype(x.dtype)
 
 
 class Embed(nnx.Module):
@@ -245,7 +260,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(d)
   scores = jnp.where(mask[:, :, None], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, preferred_element_type=product_type(v.dtype)).astype(v.dtype)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 

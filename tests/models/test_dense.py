@@ -43,3 +43,20 @@ def test_one_row_goes_through_contraction_chunks_and_several_rows_do_not(monkeyp
   odd = layers.Dense(90, 8, in_axes=("embed",), out_axes=("mlp",), rngs=nnx.Rngs(0))  # 90 % 4: plain product
   monkeypatch.setattr(layers, "ROW_SPLIT", 4)
   assert _batched_dots(lambda x: odd(x), jnp.ones((1, 90))) == 0
+
+
+
+@pytest.mark.parametrize("f32_result", [True, False])
+def test_bfloat16_products_on_cpu_take_their_operands_as_they_are(monkeypatch, f32_result):
+  """A bfloat16 product with a bfloat16 result compiles, on CPU, to both operands converted to float32, a float32
+  product and a conversion back; with a float32 result (`CPU_BF16_FLOAT32_RESULT`) the product reads the bfloat16
+  operands: no conversion before it. Either way the values are the float32 product's within bfloat16 rounding."""
+  monkeypatch.setattr(layers, "CPU_BF16_FLOAT32_RESULT", f32_result)
+  dense = layers.Dense(64, 96, in_axes=("embed",), out_axes=("mlp",), dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(2), (8, 64)).astype(jnp.bfloat16)
+  text = jax.jit(lambda x: dense(x)).lower(x).compile().as_text()
+  before = [line for line in text.splitlines() if "convert" in line and "f32[8,64]" in line.split("=")[0]]
+  assert bool(before) == (not f32_result), before
+  got = np.asarray(dense(x), np.float32)
+  want = np.asarray(x, np.float32) @ np.asarray(dense.kernel.get_value(), np.float32)
+  np.testing.assert_allclose(got, want, rtol=0.05, atol=0.02)
