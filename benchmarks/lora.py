@@ -4,9 +4,11 @@ Both start from the pretrained weights through `models.build` (the LoRA one with
 default targets) and run our jitted train step (AdamW, clipping) on one device. Reported per mode: the mean step
 time after two warm-up steps, the compiled step's memory (`memory_analysis()`: arguments = model + optimizer state
 + batch, and XLA's temporaries: activations, gradients, updates), the optimizer state's bytes and the trained
-parameter count; then LoRA / full ratios.
+parameter count; then LoRA / full ratios. With `--torch`, the same two modes in PyTorch + transformers in the same
+run (the same checkpoint directory, adapters of the same rank, alpha and targets on frozen weights, AdamW, clipping;
+`torch.autocast` for bfloat16) and ours / PyTorch per mode.
 
-  python benchmarks/lora.py [--rank 8] [--batch 2] [--seq 256] [--steps 3] [--json out.json]
+  python benchmarks/lora.py [--rank 8] [--batch 2] [--seq 256] [--steps 3] [--dtype bfloat16] [--torch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ def lm_loss(model, batch, rng):
   return loss, {}
 
 
-def _config(rank: int, seq: int):
+def _config(rank: int, seq: int, dtype: str = "float32"):
   config = il_config.get_config("text")
   config.model.hf_checkpoint = "smollm2"
   config.model.lora.rank = rank
+  config.model.dtype = dtype
   config.data.seq_len = seq
   config.optim.update(lr=1e-4, warmup_steps=0)
   return config
@@ -54,8 +57,8 @@ def _nbytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def measure(rank: int, batch: int, seq: int, steps: int, tokenizer) -> dict:
-  config = _config(rank, seq)
+def measure(rank: int, batch: int, seq: int, steps: int, tokenizer, dtype: str = "float32") -> dict:
+  config = _config(rank, seq, dtype)
   built = models.build(config, tokenizer)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
   tx, schedule = make_optimizer(config.optim, 100)
@@ -87,6 +90,57 @@ def measure(rank: int, batch: int, seq: int, steps: int, tokenizer) -> dict:
   return row
 
 
+def measure_torch(rank: int, batch: int, seq: int, steps: int, dtype: str) -> dict:
+  """The same step in PyTorch: full fine-tuning (rank 0) or rank-`rank` adapters on `models.DEFAULT_LORA_TARGETS`
+  of the frozen checkpoint (x A B · alpha / rank, A Gaussian, B zero, as `models.lora`)."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  config = _config(rank, seq, dtype)
+  model = transformers.AutoModelForCausalLM.from_pretrained(gguf.checkpoint_dir("smollm2"), dtype=torch.float32)
+  model.train()
+  if rank:
+    targets = {t.strip() for t in str(config.model.lora.get("targets", models.DEFAULT_LORA_TARGETS)).split(",")}
+    scale = float(config.model.lora.alpha) / rank
+    for p in model.parameters():
+      p.requires_grad_(False)
+
+    class Adapted(torch.nn.Module):
+      def __init__(self, base):
+        super().__init__()
+        self.base = base
+        self.a = torch.nn.Parameter(torch.randn(base.in_features, rank) / base.in_features ** 0.5)
+        self.b = torch.nn.Parameter(torch.zeros(rank, base.out_features))
+
+      def forward(self, x):
+        return self.base(x) + (x @ self.a @ self.b) * scale
+
+    for name, module in list(model.named_modules()):
+      for child, linear in list(module.named_children()):
+        if child in targets and isinstance(linear, torch.nn.Linear):
+          setattr(module, child, Adapted(linear))
+  trained = [p for p in model.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trained, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+  ids = torch.from_numpy(np.random.RandomState(0).randint(0, model.config.vocab_size, (batch, seq + 1)).astype(np.int64))
+  autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
+  times, losses = [], []
+  for i in range(steps + 2):
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+      logits = model(input_ids=ids[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trained, 1.0)
+    opt.step()
+    losses.append(float(loss))
+    if i >= 2:
+      times.append(time.perf_counter() - t0)
+  return {"rank": rank, "trained_params": sum(p.numel() for p in trained), "step_s": float(np.mean(times)),
+          "step_s_all": times, "losses": losses, "tokens_per_s": batch * seq / float(np.mean(times))}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--rank", type=int, default=8)
@@ -94,15 +148,25 @@ def main():
   parser.add_argument("--seq", type=int, default=256)
   parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (after 2 warm-up)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the compute dtype (parameters stay float32)")
+  parser.add_argument("--torch", action="store_true", help="also both modes in PyTorch + transformers, same run")
   args = parser.parse_args()
 
   tokenizer = load_tokenizer(gguf.checkpoint_dir("smollm2"), require_image_token=False)
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
                      "device": str(jax.devices()[0]), "load_avg_at_start": os.getloadavg()},
-         "batch": args.batch, "seq": args.seq}
-  full = measure(0, args.batch, args.seq, args.steps, tokenizer)
-  lora = measure(args.rank, args.batch, args.seq, args.steps, tokenizer)
+         "batch": args.batch, "seq": args.seq, "dtype": args.dtype}
+  full = measure(0, args.batch, args.seq, args.steps, tokenizer, args.dtype)
+  lora = measure(args.rank, args.batch, args.seq, args.steps, tokenizer, args.dtype)
   out.update(full=full, lora=lora)
+  if args.torch:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(os.cpu_count() or 1)
+    out["torch"] = {"version": torch.__version__,
+                    "full": measure_torch(0, args.batch, args.seq, args.steps, args.dtype),
+                    "lora": measure_torch(args.rank, args.batch, args.seq, args.steps, args.dtype)}
+    out["ratio_ours_over_torch"] = {m: out["torch"][m]["step_s"] / out[m]["step_s"] for m in ("full", "lora")}
   out["ratio_lora_over_full"] = {k: lora[k] / full[k] for k in (
       "step_s", "trained_params", "optimizer_state_bytes", "compiled_temp_bytes", "compiled_argument_bytes",
       "compiled_argument_plus_temp_bytes")}
@@ -118,6 +182,11 @@ def main():
   print(f"LoRA / full (batch {args.batch}x{args.seq}): step time {r['step_s']:.2f}x, optimizer state "
         f"{r['optimizer_state_bytes']:.4f}x, compiled temp {r['compiled_temp_bytes']:.2f}x, args + temp "
         f"{r['compiled_argument_plus_temp_bytes']:.2f}x, trained params {r['trained_params']:.4f}x")
+  if args.torch:
+    for m in ("full", "lora"):
+      t = out["torch"][m]
+      print(f"{m:>10} in PyTorch {out['torch']['version']} ({args.dtype}): step {t['step_s']:.2f} s, trains "
+            f"{t['trained_params'] / 1e6:.2f}M params; ours / PyTorch {out['ratio_ours_over_torch'][m]:.2f}x")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(out, f, indent=2)
