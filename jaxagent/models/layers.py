@@ -72,8 +72,7 @@ class Dense(nnx.Module):
     if math.prod(lead) == 1 and k_in % ROW_SPLIT == 0 and ROW_SPLIT > 1 and jax.default_backend() == "cpu":
       y = one_row_product(x.astype(self.dtype).reshape(k_in), kernel.reshape(k_in, k_out))
     else:
-      y = jnp.dot(x.astype(self.dtype).reshape(-1, k_in), kernel.reshape(k_in, k_out),
-                  preferred_element_type=product_type(self.dtype)).astype(self.dtype)
+      y = matmul(x.astype(self.dtype).reshape(-1, k_in), kernel.reshape(k_in, k_out))
     y = y.reshape(*lead, *self.out_shape)
     if self.bias is not None:
       y = y + self.bias.get_value().astype(self.dtype)
@@ -97,6 +96,36 @@ def product_type(dtype) -> Any:
   if CPU_BF16_FLOAT32_RESULT and jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
     return jnp.float32
   return None
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """`x [M, K] @ w [K, N]` in their dtype; bfloat16 on CPU through `bf16_matmul`, whose backward products also take
+  bfloat16 operands (JAX's own backward of a float32-result product multiplies the float32 cotangent by the
+  bfloat16 operands, which XLA:CPU runs as float32 products)."""
+  if product_type(x.dtype) is None:
+    return x @ w
+  return bf16_matmul(x, w)
+
+
+@jax.custom_vjp
+def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """bfloat16 `x [M, K] @ w [K, N]` with float32 results rounded to bfloat16, forward and backward."""
+  return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _bf16_matmul_fwd(x, w):
+  return bf16_matmul(x, w), (x, w)
+
+
+def _bf16_matmul_bwd(residuals, g):
+  x, w = residuals
+  g = g.astype(x.dtype)
+  dx = jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  dw = jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def one_row_product(x: jax.Array, kernel: jax.Array) -> jax.Array:

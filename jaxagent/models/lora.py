@@ -65,9 +65,7 @@ class LoRADense(layers.Dense):
     lead = x.shape[:x.ndim - n_in]
     a = self.lora_a.get_value().astype(self.dtype).reshape(-1, self.rank)
     b = self.lora_b.get_value().astype(self.dtype).reshape(self.rank, -1)
-    acc = layers.product_type(self.dtype)  # float32 results for bfloat16 on CPU, as the base's product
-    delta = jnp.dot(jnp.dot(x.astype(self.dtype).reshape(-1, a.shape[0]), a, preferred_element_type=acc).astype(
-        self.dtype), b, preferred_element_type=acc)
+    delta = layers.matmul(layers.matmul(x.astype(self.dtype).reshape(-1, a.shape[0]), a), b)
     return y + (self.scale * delta).astype(y.dtype).reshape(*lead, *self.out_shape)
 
   def merged_kernel(self) -> jax.Array:
