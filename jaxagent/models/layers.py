@@ -107,17 +107,20 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
   return bf16_matmul(x, w)
 
 
-@jax.custom_vjp
-def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-  """bfloat16 `x [M, K] @ w [K, N]` with float32 results rounded to bfloat16, forward and backward."""
-  return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def bf16_matmul(x: jax.Array, w: jax.Array, float32_out: bool = False) -> jax.Array:
+  """bfloat16 `x [M, K] @ w [K, N]` with float32 results, rounded to bfloat16 (or kept, `float32_out`: logits),
+  forward and backward."""
+  out = jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return out if float32_out else out.astype(x.dtype)
 
 
-def _bf16_matmul_fwd(x, w):
-  return bf16_matmul(x, w), (x, w)
+def _bf16_matmul_fwd(x, w, float32_out):
+  return bf16_matmul(x, w, float32_out), (x, w)
 
 
-def _bf16_matmul_bwd(residuals, g):
+def _bf16_matmul_bwd(float32_out, residuals, g):
+  del float32_out
   x, w = residuals
   g = g.astype(x.dtype)
   dx = jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -161,7 +164,11 @@ def logits_2d(hidden: jax.Array, kernel: jax.Array) -> jax.Array:
   tokens. Written as an einsum over [B, T, E], its backward made XLA:CPU write the log-softmax gradient
   transposed ([V, B·T]) inside the fusion that computes it: 22 of the tiny VLM's 159 ms train step; the 2-D
   form takes 117 ms (docs/results/performance.md, "2-D logits")."""
-  out = jnp.dot(hidden.reshape(-1, hidden.shape[-1]), kernel, preferred_element_type=jnp.float32)
+  flat = hidden.reshape(-1, hidden.shape[-1])
+  if product_type(hidden.dtype) is not None and kernel.dtype == hidden.dtype:  # bfloat16 on CPU: see `matmul`
+    out = bf16_matmul(flat, kernel, True)
+  else:
+    out = jnp.dot(flat, kernel, preferred_element_type=jnp.float32)
   return out.reshape(*hidden.shape[:-1], kernel.shape[-1])
 
 

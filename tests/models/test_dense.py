@@ -62,10 +62,11 @@ def test_bfloat16_products_on_cpu_take_their_operands_as_they_are(monkeypatch, f
   np.testing.assert_allclose(got, want, rtol=0.05, atol=0.02)
 
 
-def test_bfloat16_products_on_cpu_multiply_bfloat16_operands_in_the_backward_too():
+@pytest.mark.parametrize("product", ["matmul", "logits_2d"])
+def test_bfloat16_products_on_cpu_multiply_bfloat16_operands_in_the_backward_too(product):
   """JAX's own backward of a float32-result product multiplies the float32 cotangent by the bfloat16 operands (a
   float32 product on XLA:CPU); `layers.bf16_matmul`'s backward keeps every product's operands bfloat16, and its
-  gradients are the float32 product's within bfloat16 rounding."""
+  gradients are the float32 product's within bfloat16 rounding: the projections' (`matmul`) and the logits'."""
   dense = layers.Dense(64, 96, in_axes=("embed",), out_axes=("mlp",), dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(3), (16, 64))
   kernel = dense.kernel.get_value()
@@ -73,7 +74,7 @@ def test_bfloat16_products_on_cpu_multiply_bfloat16_operands_in_the_backward_too
   def loss(x, kernel, product):
     return jnp.sum(jnp.square(product(x, kernel).astype(jnp.float32)))
 
-  bf16 = lambda x, k: layers.matmul(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16))
+  bf16 = lambda x, k: getattr(layers, product)(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16))
   jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(x, kernel, bf16)
   dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
   dots += [e for eq in jaxpr.jaxpr.eqns for sub in jax.core.jaxprs_in_params(eq.params) for e in sub.eqns
