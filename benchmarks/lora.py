@@ -116,7 +116,7 @@ def measure_torch(rank: int, batch: int, seq: int, steps: int, dtype: str) -> di
       def forward(self, x):
         return self.base(x) + (x @ self.a @ self.b) * scale
 
-    for name, module in list(model.named_modules()):
+    for _, module in list(model.named_modules()):
       for child, linear in list(module.named_children()):
         if child in targets and isinstance(linear, torch.nn.Linear):
           setattr(module, child, Adapted(linear))
