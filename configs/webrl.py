@@ -60,9 +60,9 @@ Variants (`configs/webrl.py:<name>`):
           evaluated once per policy; the original's prompt cut (15872), as its pages outgrow the default's.
           `bench=1` puts another variant on the benchmark the same way, e.g. `configs/webrl.py:smollm,bench=1`.
   base=1  starts from the project's pre-trained base (`model.base=pretrain`, configs/pretrain.py, built once and
-          cached): its size and tokenizer, no warm-ups (it reads already), 96 demonstrations and 300 SFT steps at
-          5e-4, e.g. `configs/webrl.py:bench,base=1`; one seed from each of five bases: 0 to 3 of 210
-          (docs/results/pretrain.md).
+          cached): its size and tokenizer, no warm-ups (it reads already), 384 demonstrations and 1,200 SFT steps
+          at 5e-4, e.g. `configs/webrl.py:bench,base=1`: 25 of 210 headline intents at seed 0 (96
+          demonstrations and 300 steps: 0 to 3 of 210; docs/results/pretrain.md#more-demos).
 """
 
 from __future__ import annotations
@@ -213,6 +213,8 @@ def get_config(arg=None):
   if arg.base:
     c.model.base = "pretrain"
     c.sft.warmup.steps = c.orm.warmup.steps = 0  # the base reads already
-    c.demos.episodes = 96
-    c.sft.update(config_lib.stage(steps=300, batch_size=4, lr=5e-4))
+    # 384 demonstrations, each seen ~2.4 times: 25-26 of 210 headline intents, where 96 (or 384 seen ~0.6 times, in
+    # 300 steps) stay at 0-3 (docs/results/pretrain.md#more-demos); the command takes ~26 min on 2 cores
+    c.demos.episodes = 384
+    c.sft.update(config_lib.stage(steps=1200, batch_size=4, lr=5e-4))
   return c
