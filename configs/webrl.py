@@ -213,8 +213,8 @@ def get_config(arg=None):
   if arg.base:
     c.model.base = "pretrain"
     c.sft.warmup.steps = c.orm.warmup.steps = 0  # the base reads already
-    # 384 demonstrations, each seen ~2.4 times: 25-26 of 210 headline intents, where 96 (or 384 seen ~0.6 times, in
-    # 300 steps) stay at 0-3 (docs/results/pretrain.md#more-demos); the command takes ~26 min on 2 cores
+    # each demonstration seen ~2.4 times: fewer demonstrations, or fewer passes, stay at the floor
+    # (docs/results/pretrain.md#more-demos); ~26 min on 2 cores
     c.demos.episodes = 384
     c.sft.update(config_lib.stage(steps=1200, batch_size=4, lr=5e-4))
   return c
