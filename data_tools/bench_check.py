@@ -1,6 +1,7 @@
 """The benchmark's tabular separation check and its baseline table, on the sites' link graph (no browser).
 
   python data_tools/bench_check.py --level 2 --episodes 1600 --json check.json
+  python data_tools/bench_check.py --level 2 --episodes 1000 --control-episodes 10 --seeds 0,1,2  # three worlds
 
 1. Behaviour data: the goal-aware noisy policy (`linkgraph.NoisyLinkPolicy`) on `train_b` intents of every family,
    each intent once with its own episode seed (the negative control's 8 `train_b` pairs repeated to a share
@@ -12,6 +13,10 @@
 
 The margins the benchmark promises (fixed before any neural run, docs/benchmark.md): on the headline at level 2
 Q − FBC ≥ 10 points and FBC − IL ≥ 10; on the negative control |Q − FBC| ≤ 3.
+
+With `--seeds`, one check per global seed (the world, its intents and the behaviour data all follow it) and the
+margins paired intent by intent: each world's with its bootstrap interval over intents, and the worlds together
+with the hierarchical (worlds × intents) one, as the recipes' figures are read (`pipeline.report`).
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from typing import Any, Sequence
 from jaxagent.envs.sites import bench, linkgraph
 from jaxagent.envs.sites.perturb import episode_seed
 from jaxagent.judges.evaluators import ProgrammaticJudge, rubric_score
+from jaxagent.pipeline import report
 from jaxagent.rl import tabular
 from jaxagent.types import Task
 
 POLICIES = ("expert", "noisy", "random", "il", "fbc", "q", "bon")
+MARGINS = (("q_minus_fbc", "headline", "fbc", "q"), ("fbc_minus_il", "headline", "il", "fbc"),
+           ("control_q_minus_fbc", "control", "fbc", "q"))  # (name, episodes, A, B): B − A
 
 
 class Recorder:
@@ -129,12 +137,15 @@ def check(level: int = 2, episodes: int = 1600, control_episodes: int = 25, seed
       "episodes": len(data), "epsilon": epsilon, "stop_prob": stop_prob, "shortcut": shortcut,
       "success_by_family": {f: 100 * successes[f, 1.0] / max(1, successes[f, 1.0] + successes[f, 0.0])
                             for f in sorted({f for f, _ in successes})}},
-      "headline": {}, "control": {}, "tier": {}}
+      "headline": {}, "control": {}, "tier": {}, "outcomes": {}}
   for name, policy in policies.items():
     rows = play(env, policy, headline, seed)
+    control_rows = play(env, policy, control, seed)
     results["headline"][name] = summarise(rows)
     results["tier"][name] = summarise(rows, "tier")
-    results["control"][name] = summarise(play(env, policy, control, seed))["all"]
+    results["control"][name] = summarise(control_rows)["all"]
+    results["outcomes"][name] = {"headline": [r["success"] for r in rows],
+                                 "control": [r["success"] for r in control_rows]}
     log(f"{name:7s} headline {results['headline'][name]['all']['success']:5.1f} %  "
         f"control {results['control'][name]['success']:5.1f} %  ({time.time() - t0:.0f} s)")
   h, c = results["headline"], results["control"]
@@ -143,6 +154,31 @@ def check(level: int = 2, episodes: int = 1600, control_episodes: int = 25, seed
                         "control_q_minus_fbc": c["q"]["success"] - c["fbc"]["success"]}
   results["seconds"] = time.time() - t0
   return results
+
+
+def paired_margins(per_seed: dict[int, dict[str, Any]], resamples: int = 10_000) -> dict[str, dict[str, Any]]:
+  """Each margin (`MARGINS`) in points, intent by intent on the same episodes: per world (`per_seed[s]` a `check`
+  result) with the bootstrap over its intents, and over all worlds with the hierarchical one."""
+  out: dict[str, dict[str, Any]] = {}
+  for name, episodes, a, b in MARGINS:
+    pairs = {s: (r["outcomes"][a][episodes], r["outcomes"][b][episodes]) for s, r in per_seed.items()}
+    row = {str(s): report.paired_difference({s: pair}, resamples) for s, pair in pairs.items()}
+    if len(pairs) > 1:
+      row["all"] = report.paired_difference(pairs, resamples)
+    out[name] = {k: {"mean": 100 * v["mean"], "ci95": [100 * x for x in v["ci95"]], "episodes": sum(v["episodes"])}
+                 for k, v in row.items()}
+  return out
+
+
+def margins_markdown(margins: dict[str, dict[str, Any]]) -> str:
+  """The paired margins as a table: a row per world (and `all`), a column per margin."""
+  worlds = list(next(iter(margins.values())))
+  lines = ["| world | " + " | ".join(name for name, *_ in MARGINS) + " |", "|---" * (len(MARGINS) + 1) + "|"]
+  for w in worlds:
+    cells = [f"{margins[name][w]['mean']:+.1f} [{margins[name][w]['ci95'][0]:+.1f}, {margins[name][w]['ci95'][1]:+.1f}]"
+             for name, *_ in MARGINS]
+    lines.append(f"| {w} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -160,21 +196,33 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--level", type=int, default=2)
   p.add_argument("--episodes", type=int, default=1600, help="behaviour episodes")
   p.add_argument("--control-episodes", type=int, default=25)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seeds", default="0", help="global seeds (worlds), comma-separated: one check each, and the "
+                 "margins paired over them")
   p.add_argument("--random", type=int, default=0, help="also the random policy's floor per tier on this many "
                  "train_c intents of the device profile")
   p.add_argument("--json", default="", help="write the results here")
   args = p.parse_args(argv)
-  results = check(args.level, args.episodes, args.control_episodes, args.seed)
-  if args.random:
-    results["random_floor"] = floors(args.level, args.random, args.seed)
-    print("random floor (device, train_c):", {k: f"{v['success']:.2f} % of {v['n']}"
-                                              for k, v in results["random_floor"].items()})
-  print(markdown(results))
-  print(json.dumps(results["margins"]))
+  try:
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+  except ValueError:
+    p.error(f"--seeds={args.seeds!r}: give global seeds as integers, comma-separated (e.g. 0,1,2)")
+  if not seeds or len(set(seeds)) != len(seeds):
+    p.error(f"--seeds={args.seeds!r}: give one or more distinct global seeds (e.g. 0,1,2)")
+  per_seed = {}
+  for seed in seeds:
+    results = check(args.level, args.episodes, args.control_episodes, seed)
+    if args.random:
+      results["random_floor"] = floors(args.level, args.random, seed)
+      print("random floor (device, train_c):", {k: f"{v['success']:.2f} % of {v['n']}"
+                                                for k, v in results["random_floor"].items()})
+    print(f"world {seed}:\n{markdown(results)}")
+    per_seed[seed] = results
+  margins = paired_margins(per_seed)
+  print(margins_markdown(margins))
   if args.json:
+    out = per_seed[seeds[0]] if len(seeds) == 1 else {"worlds": {str(s): r for s, r in per_seed.items()}}
     with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+      json.dump({**out, "paired_margins": margins}, f, indent=1)
   return 0
 
 

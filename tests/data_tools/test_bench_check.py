@@ -59,3 +59,22 @@ def test_recorder_keeps_one_transition_per_step():
   rec = bench_check.Recorder(linkgraph.LinkExpert())
   ep = linkgraph.run(linkgraph.LinkEnv(0), rec, task, seed=0)
   assert len(rec.steps) == len(ep.steps) > 0
+
+
+def test_paired_margins_pair_intents_within_each_world():
+  """Per world and over worlds: B − A intent by intent, in points, with an interval that holds the mean."""
+  def world(il, fbc, q):
+    return {"outcomes": {"il": {"headline": il, "control": il}, "fbc": {"headline": fbc, "control": fbc},
+                         "q": {"headline": q, "control": q}}}
+
+  per_seed = {0: world([0, 0, 1, 0], [1, 0, 1, 0], [1, 1, 1, 0]), 1: world([0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0])}
+  m = bench_check.paired_margins(per_seed, resamples=2_000)
+  assert m["q_minus_fbc"]["0"]["mean"] == pytest.approx(25.0)
+  assert m["q_minus_fbc"]["1"]["mean"] == pytest.approx(0.0)
+  assert m["q_minus_fbc"]["1"]["ci95"] == [0.0, 0.0]  # the same outcome on every intent: no spread
+  assert m["fbc_minus_il"]["all"]["mean"] == pytest.approx(25.0)  # (25 + 25) / 2
+  assert m["fbc_minus_il"]["all"]["episodes"] == 8
+  lo, hi = m["q_minus_fbc"]["all"]["ci95"]
+  assert lo <= m["q_minus_fbc"]["all"]["mean"] <= hi
+  table = bench_check.margins_markdown(m)
+  assert "| all | +12.5" in table and table.count("\n") == 4  # header, rule, worlds 0 and 1, all
