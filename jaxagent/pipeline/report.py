@@ -185,19 +185,31 @@ def table(per_seed: Mapping[int, dict], headline: dict) -> str:
   return "\n".join(lines)
 
 
-def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None) -> str:
+def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None,
+                 pairs: Sequence[tuple[str, str]] = ()) -> str:
   """A recipe's closing table: per evaluated policy (`names`, default every result with a success rate), its
-  success rate, episodes, temperature and mean steps; the benchmark's negative control (`results["control"]`)
-  below it, under the same columns."""
+  success rate with its 95 % Wilson interval, episodes, distinct intents, temperature and mean steps; the
+  benchmark's negative control (`results["control"]`) below it, under the same columns; then each difference of
+  `comparisons(names, pairs)`, paired intent by intent on the episodes both played, with its bootstrap interval
+  (one run: the spread over intents only; `--seeds` adds the spread over seeds)."""
   names = [n for n, r in results.items() if isinstance(r, dict) and "success_rate" in r] if names is None else list(
       names)
   control = results.get("control") if isinstance(results.get("control"), dict) else {}
   labels = names + [f"control: {n}" for n in control]
   width = max([len("policy")] + [len(n) for n in labels]) + 1
-  rows = [f"{'policy':<{width}} success   episodes  temperature  mean steps"]
+  rows = [f"{'policy':<{width}} success  95 % Wilson     episodes  intents  temperature  mean steps"]
   for label, r in [(n, results[n]) for n in names] + [(f"control: {n}", r) for n, r in control.items()]:
-    rows.append(f"{label:<{width}} {r['success_rate']:7.1%}   {r['episodes']:8d}  {r['temperature']:11.2f}  "
-                f"{r['mean_steps']:10.2f}")
+    lo, hi = r.get("ci95") or wilson_interval(round(r["success_rate"] * r["episodes"]), r["episodes"])
+    intents = len({i.split("@", 1)[0] for i in r["outcomes"]}) if "outcomes" in r else "-"  # as `task_key`
+    rows.append(f"{label:<{width}} {r['success_rate']:7.1%}  [{lo:5.1%}, {hi:5.1%}]  {r['episodes']:8d}  "
+                f"{intents!s:>7}  {r['temperature']:11.2f}  {r['mean_steps']:10.2f}")
+  for name, base in comparisons(names, pairs):
+    a, b = results[base].get("outcomes"), results[name].get("outcomes")
+    shared = sorted(set(a) & set(b)) if a and b else []
+    if shared:
+      d = paired_difference({0: ([a[i] for i in shared], [b[i] for i in shared])}, resamples=2_000)
+      rows.append(f"{name} − {base}: {100 * d['mean']:+.1f} points [{100 * d['ci95'][0]:+.1f}, "
+                  f"{100 * d['ci95'][1]:+.1f}], paired on {len(shared)} episodes")
   return "\n".join(rows)
 
 

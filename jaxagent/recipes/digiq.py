@@ -259,11 +259,9 @@ def held_out(config, workdir) -> bool:
 
 
 def results_table(results: dict) -> str:
-  rows = report.policy_table(results, ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor")).split("\n")
+  rows = report.policy_table(results, ("behaviour", "il_actor", "filtered_bc_actor", "digiq_actor"), PAIRS).split("\n")
   if "rollouts" in results["behaviour"]:
     rows.append(f"(behaviour: scored on the {results['behaviour']['rollouts']}'s rollouts of these episodes)")
-  rows.append(f"Digi-Q − IL: {results['digiq_minus_il'] * 100:+.1f} points; Digi-Q − Filtered BC: "
-              f"{results['digiq_minus_filtered_bc'] * 100:+.1f} points")
   rows.append("held-out: the evaluation's intents are in no training data" if results["held_out"] else
               "NOT held-out: the evaluation's intents are in the training data (behaviour.splits names test)")
   return "\n".join(rows)

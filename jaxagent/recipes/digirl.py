@@ -79,7 +79,7 @@ def run(config, workdir: str) -> dict:
   if config.mode != "offline":
     stages.run("online", lambda out: stage_online(config, workdir, out))
   results = stages.run("eval", lambda out: stage_eval(config, workdir, out))
-  print("\n" + report.policy_table(results))
+  print("\n" + report.policy_table(results, pairs=PAIRS))
   print(stages.table())
   return results
 

@@ -10,10 +10,26 @@ RESULTS = {"sft": {"success_rate": 0.0, "episodes": 100, "temperature": 0.0, "me
 
 def test_policy_table_lists_each_policy_with_its_rate_episodes_temperature_and_steps():
   lines = report.policy_table(RESULTS).split("\n")
-  assert lines[0].split() == ["policy", "success", "episodes", "temperature", "mean", "steps"]
-  assert lines[1].split() == ["sft", "0.0%", "100", "0.00", "4.62"]
-  assert lines[2].split() == ["a_long_policy_name", "12.5%", "96", "1.00", "4.00"]
+  assert lines[0].split() == ["policy", "success", "95", "%", "Wilson", "episodes", "intents", "temperature", "mean",
+                              "steps"]
+  assert lines[1].split() == ["sft", "0.0%", "[", "0.0%,", "3.7%]", "100", "-", "0.00", "4.62"]  # Wilson: 0 of 100
+  assert lines[2].split() == ["a_long_policy_name", "12.5%", "[", "7.3%,", "20.6%]", "96", "-", "1.00", "4.00"]
   assert len({line.index("%") for line in lines[1:]}) == 1  # the columns line up whatever the names' lengths
+
+
+def test_policy_table_counts_distinct_intents_and_pairs_the_comparisons_on_shared_episodes():
+  """Two draws of each of 4 intents: 8 episodes, 4 intents; q − il paired on the 8 both played, B − A in points."""
+  one = lambda wins: {f"t{i}@{k}": float(i < wins) for i in range(4) for k in range(2)}
+  results = {"il": {"success_rate": 0.25, "episodes": 8, "temperature": 0.0, "mean_steps": 4.0, "outcomes": one(1)},
+             "q": {"success_rate": 0.5, "episodes": 8, "temperature": 0.0, "mean_steps": 3.5, "outcomes": one(2)},
+             "fbc": {"success_rate": 0.25, "episodes": 8, "temperature": 0.0, "mean_steps": 3.0, "outcomes": one(1)}}
+  lines = report.policy_table(results, ["il", "fbc", "q"], pairs=[("q", "fbc")]).split("\n")
+  assert [line.split()[-3] for line in lines[1:4]] == ["4", "4", "4"]  # intents, before temperature and steps
+  assert lines[4:] == ["fbc − il: +0.0 points [+0.0, +0.0], paired on 8 episodes",
+                       lines[5], lines[6]] and lines[5].startswith("q − il: +25.0 points [")
+  assert lines[6].startswith("q − fbc: +25.0 points [") and lines[6].endswith("paired on 8 episodes")
+  lo, hi = (float(x) for x in lines[6].split("[")[1].split("]")[0].split(", "))
+  assert lo <= 25.0 <= hi and lo >= 0.0  # no intent got worse: the interval never goes below 0
 
 
 def test_policy_table_keeps_the_order_and_subset_asked_for():
@@ -104,4 +120,4 @@ def test_policy_table_skips_derived_values_and_lists_the_control_below():
              "control": {"sft": {"success_rate": 0.5, "episodes": 8, "temperature": 0.0, "mean_steps": 5.0}}}
   lines = report.policy_table(results).split("\n")
   assert [line.split()[0] for line in lines[1:]] == ["sft", "a_long_policy_name", "control:"]
-  assert lines[3].split() == ["control:", "sft", "50.0%", "8", "0.00", "5.00"]
+  assert lines[3].split()[:3] == ["control:", "sft", "50.0%"] and lines[3].split()[-4:] == ["8", "-", "0.00", "5.00"]
