@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import sys
@@ -97,7 +98,8 @@ def tally(fmt, trajs, replies: list[str]) -> tuple[dict, list[dict]]:
 
 
 def read_records(path: str) -> dict[str, dict]:
-  with open(path, encoding="utf-8") as f:
+  """A `steps.jsonl` by step id; gzipped (`.gz`, as a results page keeps one for later pairing) or not."""
+  with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
     return {r["id"]: r for r in map(json.loads, f)}
 
 

@@ -56,3 +56,14 @@ def test_paired_counts_each_intent_once_and_pairs_the_same_steps():
   assert out["type"]["episodes"] == [1] and out["type"]["mean"] == 1.0 and out["stop"]["mean"] == 0.0
   with pytest.raises(ValueError, match="different steps"):
     step_accuracy.paired([(worse, {k: v for k, v in better.items() if k != "b-2"})])
+
+
+def test_step_records_read_the_same_gzipped_as_plain(tmp_path):
+  import gzip
+  import json
+  lines = "".join(json.dumps({"id": f"a-{k}", "expert": STOP, "right": bool(k % 2)}) + "\n" for k in range(3))
+  (tmp_path / "steps.jsonl").write_text(lines, encoding="utf-8")
+  with gzip.open(tmp_path / "steps.jsonl.gz", "wt", encoding="utf-8") as f:
+    f.write(lines)
+  plain = step_accuracy.read_records(str(tmp_path / "steps.jsonl"))
+  assert step_accuracy.read_records(str(tmp_path / "steps.jsonl.gz")) == plain and list(plain) == ["a-0", "a-1", "a-2"]
