@@ -41,9 +41,19 @@ def summary(trajs: Sequence[types.Trajectory]) -> dict:
           "mean_steps": float(np.mean([len(t.steps) for t in ran])) if ran else 0.0}
 
 
-def task_key(task: types.Task) -> str:
-  """The task an episode is an instance of: its id without the `@<draw>` suffix `draw_episodes` adds."""
-  return task.id.split("@", 1)[0]
+def task_key(task: types.Task | str) -> str:
+  """The task an episode (a task or its id) is an instance of: the id without the `@<draw>` suffix
+  `draw_episodes` adds."""
+  return (task if isinstance(task, str) else task.id).split("@", 1)[0]
+
+
+def by_intent(outcomes: Mapping[str, float], ids: Sequence[str]) -> list[float]:
+  """Each intent's mean outcome over its episodes among `ids` (in the order of its first), so that draws of one
+  intent count once, as a learning figure counts them."""
+  groups: dict[str, list[float]] = {}
+  for i in ids:
+    groups.setdefault(task_key(i), []).append(outcomes[i])
+  return [sum(g) / len(g) for g in groups.values()]
 
 
 def per_task(trajs: Sequence[types.Trajectory]) -> dict[str, dict]:
@@ -190,7 +200,8 @@ def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None
   """A recipe's closing table: per evaluated policy (`names`, default every result with a success rate), its
   success rate with its 95 % Wilson interval, episodes, distinct intents, temperature and mean steps; the
   benchmark's negative control (`results["control"]`) below it, under the same columns; then each difference of
-  `comparisons(names, pairs)`, paired intent by intent on the episodes both played, with its bootstrap interval
+  `comparisons(names, pairs)`, paired intent by intent on the episodes both played (an intent's draws averaged), with
+  its bootstrap interval
   (one run: the spread over intents only; `--seeds` adds the spread over seeds)."""
   names = [n for n, r in results.items() if isinstance(r, dict) and "success_rate" in r] if names is None else list(
       names)
@@ -200,16 +211,16 @@ def policy_table(results: Mapping[str, dict], names: Sequence[str] | None = None
   rows = [f"{'policy':<{width}} success  95 % Wilson     episodes  intents  temperature  mean steps"]
   for label, r in [(n, results[n]) for n in names] + [(f"control: {n}", r) for n, r in control.items()]:
     lo, hi = r.get("ci95") or wilson_interval(round(r["success_rate"] * r["episodes"]), r["episodes"])
-    intents = len({i.split("@", 1)[0] for i in r["outcomes"]}) if "outcomes" in r else "-"  # as `task_key`
+    intents = len({task_key(i) for i in r["outcomes"]}) if "outcomes" in r else "-"
     rows.append(f"{label:<{width}} {r['success_rate']:7.1%}  [{lo:5.1%}, {hi:5.1%}]  {r['episodes']:8d}  "
                 f"{intents!s:>7}  {r['temperature']:11.2f}  {r['mean_steps']:10.2f}")
   for name, base in comparisons(names, pairs):
     a, b = results[base].get("outcomes"), results[name].get("outcomes")
     shared = sorted(set(a) & set(b)) if a and b else []
     if shared:
-      d = paired_difference({0: ([a[i] for i in shared], [b[i] for i in shared])}, resamples=2_000)
+      d = paired_difference({0: (by_intent(a, shared), by_intent(b, shared))}, resamples=2_000)
       rows.append(f"{name} − {base}: {100 * d['mean']:+.1f} points [{100 * d['ci95'][0]:+.1f}, "
-                  f"{100 * d['ci95'][1]:+.1f}], paired on {len(shared)} episodes")
+                  f"{100 * d['ci95'][1]:+.1f}], paired over {d['episodes'][0]} intents")
   return "\n".join(rows)
 
 

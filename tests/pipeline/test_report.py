@@ -18,16 +18,16 @@ def test_policy_table_lists_each_policy_with_its_rate_episodes_temperature_and_s
 
 
 def test_policy_table_counts_distinct_intents_and_pairs_the_comparisons_on_shared_episodes():
-  """Two draws of each of 4 intents: 8 episodes, 4 intents; q − il paired on the 8 both played, B − A in points."""
+  """Two draws of each of 4 intents: 8 episodes, 4 intents; q − il paired over the 4 intents, B − A in points."""
   one = lambda wins: {f"t{i}@{k}": float(i < wins) for i in range(4) for k in range(2)}
   results = {"il": {"success_rate": 0.25, "episodes": 8, "temperature": 0.0, "mean_steps": 4.0, "outcomes": one(1)},
              "q": {"success_rate": 0.5, "episodes": 8, "temperature": 0.0, "mean_steps": 3.5, "outcomes": one(2)},
              "fbc": {"success_rate": 0.25, "episodes": 8, "temperature": 0.0, "mean_steps": 3.0, "outcomes": one(1)}}
   lines = report.policy_table(results, ["il", "fbc", "q"], pairs=[("q", "fbc")]).split("\n")
   assert [line.split()[-3] for line in lines[1:4]] == ["4", "4", "4"]  # intents, before temperature and steps
-  assert lines[4:] == ["fbc − il: +0.0 points [+0.0, +0.0], paired on 8 episodes",
+  assert lines[4:] == ["fbc − il: +0.0 points [+0.0, +0.0], paired over 4 intents",
                        lines[5], lines[6]] and lines[5].startswith("q − il: +25.0 points [")
-  assert lines[6].startswith("q − fbc: +25.0 points [") and lines[6].endswith("paired on 8 episodes")
+  assert lines[6].startswith("q − fbc: +25.0 points [") and lines[6].endswith("paired over 4 intents")
   lo, hi = (float(x) for x in lines[6].split("[")[1].split("]")[0].split(", "))
   assert lo <= 25.0 <= hi and lo >= 0.0  # no intent got worse: the interval never goes below 0
 
@@ -121,3 +121,9 @@ def test_policy_table_skips_derived_values_and_lists_the_control_below():
   lines = report.policy_table(results).split("\n")
   assert [line.split()[0] for line in lines[1:]] == ["sft", "a_long_policy_name", "control:"]
   assert lines[3].split()[:3] == ["control:", "sft", "50.0%"] and lines[3].split()[-4:] == ["8", "-", "0.00", "5.00"]
+
+
+def test_by_intent_averages_an_intents_draws_so_it_counts_once():
+  outcomes = {"a@0": 1.0, "b@0": 1.0, "a@1": 0.0, "c": 0.0}
+  assert report.by_intent(outcomes, ["a@0", "b@0", "a@1", "c"]) == [0.5, 1.0, 0.0]
+  assert report.task_key("a@1") == "a"
