@@ -10,6 +10,7 @@ from jaxagent.rl import tabular
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tabular_margins_hold_at_level_2():
   """Headline: Q − FBC ≥ 10 and FBC − IL ≥ 10 points; negative control: |Q − FBC| ≤ 3 (docs/benchmark.md)."""
   r = bench_check.check(level=2, episodes=1000, control_episodes=10, log=lambda *_: None)

@@ -217,6 +217,7 @@ def test_encoder_separates_actions_and_ignores_batch_padding():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_seeds_tool_reruns_critic_actor_and_eval_on_the_same_data(pipeline, tmp_path):
   """`data_tools/digiq_seeds.py` on the smoke run: a second seed, the demonstrations-only and the Filtered BC
   controls each evaluate a new actor on the same test episodes, linking (not copying) the data stages."""

@@ -92,6 +92,7 @@ def test_a_malformed_action_ended_its_episode(pipeline):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_offline_mode_trains_on_a_given_store(pipeline, tmp_path):
   config, workdir, _, _ = pipeline
   store = str(tmp_path / "store")
@@ -131,6 +132,7 @@ def _only_online_and_its_own_stages(other, results, algorithm):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_online_mode_runs_its_own_stages(online):
   other, results = online
   assert _only_online_and_its_own_stages(other, results, "digirl") == ["il", "digirl_online"]
@@ -138,6 +140,7 @@ def test_online_mode_runs_its_own_stages(online):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_off2on_filtered_bc_runs_its_own_stages(pipeline, tmp_path):
   _, workdir, _, _ = pipeline
   other = str(tmp_path / "run")
@@ -151,6 +154,7 @@ def test_off2on_filtered_bc_runs_its_own_stages(pipeline, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_online_rounds_with_lag_are_collected_by_the_older_actor(online):
   other, _ = online
   rounds = [json.load(open(os.path.join(other, "online", f"iter{i}_rollouts", DONE))) for i in range(2)]
@@ -308,6 +312,7 @@ def test_the_text_backend_with_a_screenshot_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_digirl_runs_end_to_end_on_the_screen_as_text(tmp_path):
   """`configs/digirl.py:smoke,text=1`: a text decoder through every stage on the text backend, its prompts the
   phone's page and AutoUI's goal, its samples text alone."""

@@ -1,5 +1,6 @@
 """DigiRL end to end with AutoUI as the actor (`--config.model.kind=autoui`): the `smoke` config through real
-Chromium and the bundled sites, every stage unchanged but the actor an encoder-decoder over a frozen encoder."""
+Chromium and the bundled sites, every stage unchanged but the actor an encoder-decoder over a frozen encoder. A second model family of a recipe
+`test_digirl.py` runs end to end: the long lane (`scripts/test.sh --lane long`)."""
 
 import json
 import os
@@ -14,6 +15,8 @@ from jaxagent.pipeline.config import validate
 from jaxagent.pipeline.stages import DONE
 from jaxagent.recipes import digirl
 from jaxagent.serving.checkpoint import load_policy, read_workdir_config
+
+pytestmark = pytest.mark.long
 
 
 @pytest.fixture(scope="module")

@@ -107,6 +107,7 @@ def test_config_is_refused_before_any_work():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_lagged_rounds_are_collected_while_the_learner_trains(pipeline, tmp_path):
   """`max_lag=1` on the same IL start: round 1 acts with the start (lag 0), later rounds with the weights one update
   old, and round 2's collection runs beside round 1's update, so the learner waits less for it than it took."""
@@ -128,6 +129,7 @@ def test_lagged_rounds_are_collected_while_the_learner_trains(pipeline, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_smollm_variant_runs_end_to_end_on_a_two_layer_cut(smollm2_cut, tmp_path):
   """`configs/grpo.py:smollm` (the checkpoint's own tokenizer and chat template, LoRA rank 8) with SmolLM2 cut to
   two layers and a smoke's budget: solvers' IL, a GRPO round in Chromium, the evaluation of both actors."""

@@ -336,6 +336,7 @@ def test_on_the_benchmark_il_comes_from_train_a_exploration_from_train_c_and_tes
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_bench_tree_shows_every_element_the_expert_acts_on_that_a_tree_lists():
   """On the benchmark's web pages the bench variant's tree shows every element the expert acts on that the full
   accessibility tree lists at all; the default's 16-line cut hides some (on 10 headline intents in Chromium)."""

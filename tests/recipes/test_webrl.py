@@ -116,6 +116,7 @@ def test_a_fitted_tokenizer_with_a_pretrained_checkpoint_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_with_lag_the_next_phase_collects_while_the_actor_trains(pipeline, tmp_path):
   _, workdir, _, _ = pipeline
   other = str(tmp_path / "lagged")
@@ -276,6 +277,7 @@ def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_bench_prompt_shows_every_element_the_expert_acts_on():
   """Every element the expert clicks or types into on the benchmark's headline is in the bench variant's prompt
   (a policy cannot name an id it is not shown), which the default's cut is not."""
@@ -289,6 +291,7 @@ def test_the_bench_prompt_shows_every_element_the_expert_acts_on():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_smollm_variant_runs_end_to_end_on_a_two_layer_cut(smollm2_cut, tmp_path):
   """`configs/webrl.py:smollm` (SmolLM2's tokenizer and chat template for the policy, ORM and critic trunk) with
   SmolLM2 cut to two layers and a smoke's budget: SFT, ORM, one phase of curriculum → critic → actor, evaluation."""
