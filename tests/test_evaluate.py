@@ -91,6 +91,7 @@ def test_expert_on_the_benchmark_reports_families_and_rubric(tmp_path):
   assert set(results["by_stratum"]["family"]) <= {"filter", "cart"} and "test_comb" in results["by_stratum"]["split"]
 
 
+@pytest.mark.slow
 def test_expert_on_the_text_backend_plays_every_intent_of_a_split(tmp_path):
   """`--browser text`: no Chromium; the expert solves every buy intent of test_iid at level 2, each once."""
   out = str(tmp_path / "text")

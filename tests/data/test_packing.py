@@ -40,6 +40,7 @@ def test_segment_positions_restart_at_each_segment():
   np.testing.assert_array_equal(layers.segment_positions(seg)[0], [0, 1, 2, 0, 1, 0, 0, 1])
 
 
+@pytest.mark.slow
 def test_packed_loss_equals_each_sample_alone():
   cfg = llama.DecoderConfig.tiny(vocab_size=256)
   model = llama.init_decoder(cfg, seed=0)
@@ -62,6 +63,7 @@ def test_packed_loss_equals_each_sample_alone():
   np.testing.assert_allclose(float(value), want / rows["loss_mask"].sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_sparse_loss_equals_the_full_one_on_packed_rows():
   cfg = llama.DecoderConfig.tiny(vocab_size=256)
   model = llama.init_decoder(cfg, seed=0)
@@ -87,6 +89,7 @@ def _items(weights=None):
 
 
 @pytest.mark.parametrize("weights", [None, [1.0, 0.5, 2.0, 0.0, 1.5]])
+@pytest.mark.slow
 def test_packed_sft_rows_give_the_padded_batches_loss(weights):
   tokenizer = load_tokenizer(None)
   items = _items(weights)

@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 from jaxagent import types
 from jaxagent.data import store as store_lib
@@ -99,6 +100,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkilled_writers_never_corrupt_the_store(tmp_path):
   root = tmp_path / "store"
   code = _WRITER.format(path=sys.path, here=os.path.dirname(__file__), root=str(root))

@@ -161,6 +161,7 @@ def test_bad_files_give_clear_errors(tmp_path, monkeypatch):
     imp.load_seed_file(str(pt))
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path):
   imgs = tmp_path / "images"
   imgs.mkdir()

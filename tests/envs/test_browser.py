@@ -84,6 +84,7 @@ def test_reset_observes_page_with_screenshot_and_marks(env, site):
   assert env.page.evaluate("document.querySelectorAll('div[style*=dashed]').length") == 0  # marks removed
 
 
+@pytest.mark.slow
 def test_som_click_by_index_hits_that_element(env, site):
   obs = env.reset(_task(site))
   obs, reward, done, info = env.step(Action(ActionKind.CLICK, element=_index(obs, "Beta")))
@@ -171,6 +172,7 @@ def test_outside_origins_regex_matches_only_foreign_urls():
   assert not any(r.search(u) for u in inside) and all(r.search(u) for u in outside)
 
 
+@pytest.mark.slow
 def test_no_action_raises_whatever_its_fields(env, site):
   """Malformed or impossible actions become errors in the observation; the episode goes on."""
   env.reset(_task(site, max_steps=100))
@@ -263,6 +265,7 @@ def test_nothing_of_an_episode_is_visible_in_the_next(site, fresh_context):
     assert env.page.url == site + "index.html"
 
 
+@pytest.mark.slow
 def test_a_task_on_another_profile_or_origin_gets_a_new_context(env, site):
   env.reset(_task(site))
   context = env._context
@@ -299,6 +302,7 @@ def _burn(stop):
     sum(range(10_000))
 
 
+@pytest.mark.slow
 def test_a_swipe_leaves_the_page_where_it_did_whatever_the_load(env, site):
   """The touch events carry their own times, so the fling after a swipe, and where the page rests, do not depend
   on how fast the machine sent them; the step returns once the fling has ended."""
@@ -341,6 +345,7 @@ def test_screenshot_observation_numbers_no_elements_and_taps_at_points(site):
     BrowserEnv(observation="pixels")
 
 
+@pytest.mark.slow
 def test_crashed_renderer_raises_then_reset_recovers_without_relaunch(env, site):
   env.reset(_task(site))
   pid = env.browser_pid

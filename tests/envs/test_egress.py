@@ -174,6 +174,7 @@ def test_no_page_reaches_a_forbidden_origin(env, world, page):
   assert egress.allowed(env.page.url, (world["site"],)) or env.page.url.startswith("about:")
 
 
+@pytest.mark.slow
 def test_a_redirect_hop_to_a_forbidden_origin_is_blocked_and_reported(env, world):
   env.reset(_task(world, "link_redirect"))
   before = _connections(world)
@@ -195,6 +196,7 @@ def test_userinfo_and_port_wildcard_tricks_are_refused(env, world):
   assert obs.url.startswith("http://127.0.0.1:")
 
 
+@pytest.mark.slow
 def test_no_speculative_load_reaches_even_an_allowed_server(env, world):
   """Speculation rules and `<link rel=prefetch>` on the page's own origin: the server sees only what the agent
   opens (a prefetched or prerendered page could change a site's state), and the real navigation still loads."""

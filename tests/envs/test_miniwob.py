@@ -41,6 +41,7 @@ def _target(obs):
   return re.search(r'"(.+)"', obs.intent).group(1)
 
 
+@pytest.mark.slow
 def test_scripted_click_on_click_button_earns_reward_one(env):
   obs = env.reset(miniwob.make_task("click-button", seed=3))
   assert obs.intent.startswith("Click on the") and obs.screenshot.shape == (210, 160, 3)
@@ -77,6 +78,7 @@ def test_typing_solves_enter_text(env):
   assert reward == 1.0 and done
 
 
+@pytest.mark.slow
 def test_html_view_of_login_user_with_unnamed_textboxes_in_a11y(env):
   env.observation = "html"
   try:
@@ -97,6 +99,7 @@ def test_html_view_of_login_user_with_unnamed_textboxes_in_a11y(env):
     env.observation, env.a11y_keep_unnamed = "som", ()
 
 
+@pytest.mark.slow
 def test_seeds_reproduce_episodes_in_place_and_after_reload(env):
   utterances = [env.reset(miniwob.make_task("enter-text", seed=s)).intent for s in (7, 8, 7)]
   assert utterances[0] == utterances[2] != utterances[1]
@@ -124,6 +127,7 @@ def test_a11y_ids_on_miniwob_and_time_scaled_reward(env):
     miniwob.MiniWoBEnv(reward="time_scaled")  # a discount by a clock that is off
 
 
+@pytest.mark.slow
 def test_the_step_limit_not_the_pages_clock_ends_an_episode_unless_the_clock_is_asked_for():
   """A minute of page time (Playwright's fake clock: a slow machine, a compile, a big model) leaves the episode
   running by default; with the page's own limit (`episode_max_time_ms=None`, 10 s here) it ends with −1."""
@@ -146,6 +150,7 @@ def test_the_step_limit_not_the_pages_clock_ends_an_episode_unless_the_clock_is_
       miniwob.MiniWoBEnv(episode_max_time_ms=bad)
 
 
+@pytest.mark.slow
 def test_flight_task_loads_in_its_iframe_wrapper(env):
   obs = env.reset(miniwob.make_task("flight.Alaska", seed=0))
   assert obs.intent and obs.screenshot.shape == (667, 375, 3)

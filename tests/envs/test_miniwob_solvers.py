@@ -51,6 +51,7 @@ def test_solver_succeeds_on_train_and_test_seeds_and_the_expert_says_the_same_in
       assert reward == 1.0, f"{name} seed {seed}: {[s.action_text for s in history]}"
 
 
+@pytest.mark.slow
 def test_webrl_ids_click_and_type_on_miniwob_html(env):
   fmt = agents.get_format("webrl")
   obs = env.reset(miniwob.make_task("login-user", seed=5))

@@ -126,6 +126,7 @@ def page_env(tmp_path_factory):
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_som_keeps_innermost_visible_candidates(page_env):
   elements = som.to_elements(som.mark(page_env.page, draw=False))
   texts = [(e.tag, e.text) for e in elements]

@@ -28,6 +28,7 @@ def _qkv(b=3, t=12, heads=4, kv_heads=2, d=16, dtype=jnp.float32):
 
 
 @pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.slow
 def test_the_fused_path_keeps_the_contract_of_ours_with_padding_and_a_window(window):
   q, k, v = _qkv()
   valid = jnp.array([[True] * 12, [True] * 7 + [False] * 5, [False] * 3 + [True] * 9])  # full, right-, left-padded
@@ -42,6 +43,7 @@ def test_the_fused_path_keeps_the_contract_of_ours_with_padding_and_a_window(win
 
 
 @pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.slow
 def test_query_blocks_against_their_key_prefix_give_the_full_attention_and_its_gradients(window):
   t = 150  # blocks of 64, 64 and 22 rows
   q, k, v = _qkv(t=t)

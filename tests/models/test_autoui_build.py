@@ -76,6 +76,7 @@ def test_the_seq2seq_encoding_of_a_device_sample(tmp_path, tokenizer):
     seq2seq.EncodeSeq2Seq(tokenizer, 4, 4, built.preprocess, built.image_size)(_sample(str(tmp_path / "a.png")))
 
 
+@pytest.mark.slow
 def test_build_freezes_the_image_encoder_and_sizes_t5_from_the_decoder_block(tokenizer):
   config = _config()
   built = models.build(config, tokenizer)
@@ -138,6 +139,7 @@ def test_a_finetuned_workdir_reloads_and_acts_with_its_training_reply(tmp_path, 
   assert policy.stats["rows"] == 3 and not policy.stats["too_long"]
 
 
+@pytest.mark.slow
 def test_hf_checkpoint_loads_an_autoui_directory_under_a_tower_of_its_width(tmp_path, tokenizer):
   from jaxagent.models import t5  # pylint: disable=g-import-not-at-top
   from jaxagent.models.hf import autoui as hf_autoui  # pylint: disable=g-import-not-at-top

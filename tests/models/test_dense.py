@@ -63,6 +63,7 @@ def test_bfloat16_products_on_cpu_take_their_operands_as_they_are(monkeypatch, f
 
 
 @pytest.mark.parametrize("product", ["matmul", "logits_2d"])
+@pytest.mark.slow
 def test_bfloat16_products_on_cpu_multiply_bfloat16_operands_in_the_backward_too(product):
   """JAX's own backward of a float32-result product multiplies the float32 cotangent by the bfloat16 operands (a
   float32 product on XLA:CPU); `layers.bf16_matmul`'s backward keeps every product's operands bfloat16, and its

@@ -33,6 +33,7 @@ def _mask(kind: str, window=None) -> layers.SelfMask:
     ("causal", 4, 2, None), ("padding", 4, 2, None), ("segments", 4, 2, None),  # GQA
     ("padding", 4, 1, 7), ("segments", 3, 3, 7),  # one key head (MQA), plain MHA; a sliding window
 ])
+@pytest.mark.slow
 def test_flash_attention_equals_the_plain_one_in_values_and_gradients(kind, heads, kv_heads, window):
   q, k, v = _qkv(heads, kv_heads)
   mask = _mask(kind, window)
@@ -57,6 +58,7 @@ def test_one_tile_when_the_sequence_is_shorter_than_a_block():
                              np.where(seen, layers.dot_product_attention(q, k, v, mask.dense()), 0), atol=2e-6)
 
 
+@pytest.mark.slow
 def test_a_mask_tile_is_the_dense_mask_cut():
   mask = _mask("segments", window=9).padded(64)
   dense = np.asarray(mask.dense()[:, 0])
@@ -65,6 +67,7 @@ def test_a_mask_tile_is_the_dense_mask_cut():
 
 
 @pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.slow
 def test_the_decoder_with_flash_gives_the_logits_and_gradients_of_xla(packed, monkeypatch):
   monkeypatch.setattr(layers, "FLASH_BLOCK", 16)  # several tiles at this length
   cfg = llama.DecoderConfig.tiny(sliding_window=24)

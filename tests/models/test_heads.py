@@ -24,6 +24,7 @@ def test_masked_mean_matches_numpy():
 
 
 @pytest.mark.parametrize("pooling", heads.POOLINGS)
+@pytest.mark.slow
 def test_value_head_ignores_padding_and_has_the_declared_output(pooling):
   head = heads.ValueHead(8, widths=(16, 16), out_dim=2, pooling=pooling, init_std=0.2, rngs=nnx.Rngs(0))
   hidden = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 8)), jnp.float32)
@@ -35,6 +36,7 @@ def test_value_head_ignores_padding_and_has_the_declared_output(pooling):
   assert not np.allclose(head(noisy, jnp.ones_like(mask))[0], out[0])
 
 
+@pytest.mark.slow
 def test_scalar_head_on_decoder_hidden_states_is_padding_invariant_and_trainable():
   cfg = llama.DecoderConfig.tiny()
   decoder = llama.init_decoder(cfg)

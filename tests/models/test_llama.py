@@ -46,6 +46,7 @@ def test_left_and_right_padding_give_the_same_logits_as_unpadded(model):
   assert np.all(np.isfinite(np.asarray(left)))  # fully masked pad queries stay finite
 
 
+@pytest.mark.slow
 def test_padded_prefill_then_decode_continues_each_row_at_its_length(model):
   a, b = _ids(1, 4, seed=2), _ids(1, 7, seed=3)
   ids = jnp.concatenate([jnp.pad(a, ((0, 0), (0, 3))), b])

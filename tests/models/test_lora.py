@@ -93,6 +93,7 @@ def _lora_config(rank=4):
   return config
 
 
+@pytest.mark.slow
 def test_a_train_step_with_the_lora_filter_moves_only_the_adapters():
   config = _lora_config()
   built = models.build(config, load_tokenizer())

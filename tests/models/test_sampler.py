@@ -49,6 +49,7 @@ def _teacher_forced_logprobs(model, ids, mask, out):
   return jnp.take_along_axis(picked, out.tokens[..., None], 2)[..., 0], gen_mask
 
 
+@pytest.mark.slow
 def test_greedy_rows_match_each_prompt_decoded_alone(model, prompts):
   ids, mask = prompts
   batched = _greedy(model, ids, mask)
@@ -101,6 +102,7 @@ def test_eos_stops_rows_independently(model, prompts):
   assert lengths[1] == (row1_eos[0] + 1 if row1_eos.size else N)
 
 
+@pytest.mark.slow
 def test_logprobs_match_a_teacher_forced_forward_pass(model, prompts):
   ids, mask = prompts
   config = sampler.SamplingConfig(max_new_tokens=N, temperature=0.8, top_p=0.9, top_k=20)
@@ -139,6 +141,7 @@ def test_a_padded_decode_row_changes_nothing(model, prompts, temperature):
   assert sampler.decode_pad_rows(2) == 0
 
 
+@pytest.mark.slow
 def test_filter_logits_top_p_and_top_k():
   logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3]]))
   keep = lambda **kw: np.isfinite(np.asarray(sampler.filter_logits(logits, sampler.SamplingConfig(**kw))))[0]
@@ -178,6 +181,7 @@ def tokenizer(tmp_path_factory):
   return transformers.AutoTokenizer.from_pretrained(path)
 
 
+@pytest.mark.slow
 def test_generate_text_with_eos_and_stop_strings(model, tokenizer):
   prompts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9"]
   texts = sampler.generate(model, tokenizer, prompts, max_new_tokens=N, temperature=0.0)

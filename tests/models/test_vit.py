@@ -77,6 +77,7 @@ def test_images_of_the_wrong_size_are_rejected():
     tower(jnp.zeros((1, 3, 64, 64)))
 
 
+@pytest.mark.slow
 def test_remat_gives_the_same_features_and_grads():
   x = _images(1)
   towers = [vit.VisionTower(vit.ViTConfig.tiny("clip", remat=r), rngs=nnx.Rngs(0)) for r in (False, True)]

@@ -48,6 +48,7 @@ def test_tiny_config_follows_llava_and_the_tokenizer():
     vlm.VLMConfig.tiny(300, image_token_id=300)
 
 
+@pytest.mark.slow
 def test_kth_image_block_takes_the_kth_image(model):
   cfg = model.config
   ids, _, images, starts = _batch(cfg)
@@ -86,6 +87,7 @@ def test_trailing_padding_images_are_ignored_and_too_few_are_rejected(model):
     model(jnp.asarray(ids[:, :-4]).at[0, 2].set(5), jnp.asarray(images), attention_mask=mask[:, :-4])
 
 
+@pytest.mark.slow
 def test_text_only_batches_run_the_decoder_alone(model):
   rng = np.random.default_rng(3)
   ids = jnp.asarray(rng.integers(1, IMG, size=(2, 9)), jnp.int32)

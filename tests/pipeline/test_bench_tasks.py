@@ -35,6 +35,7 @@ def test_the_bench_suite_writes_train_parts_the_headline_and_the_control(tmp_pat
   assert all(t.meta["perturb"]["level"] == 2 for t in split["test"])
 
 
+@pytest.mark.slow
 def test_templates_name_the_benchmark_families(tmp_path):
   counts = tasks_lib.stage_tasks(_config(templates="cart,order", level=0), str(tmp_path), "text")
   test = tasks_lib.read_tasks(os.path.join(tmp_path, "test.jsonl"))
@@ -62,6 +63,7 @@ def test_the_default_suite_is_the_sites_and_bench_validates():
   validate(config, digirl.CHOICES, {})
 
 
+@pytest.mark.slow
 def test_the_evaluation_plays_every_headline_and_control_intent_once(tmp_path):
   config = _config(templates="cart,order")
   config.eval = {"episodes": 0, "seed": 1}

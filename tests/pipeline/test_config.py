@@ -99,6 +99,7 @@ def test_a_policy_lag_in_a_multi_process_run_is_refused_naming_the_key():
 @pytest.mark.parametrize("args,key", [(["--config=configs/digiq.py", "--config.critic.advantage_estimation=MC"],
                                        "critic.advantage_estimation"),
                                       (["--config=configs/digiq.py:paper"], "model.hf_checkpoint")])
+@pytest.mark.slow
 def test_main_refuses_a_bad_value_before_any_work(tmp_path, args, key):
   t0 = time.monotonic()
   proc = subprocess.run([sys.executable, "-m", "jaxagent.main", f"--workdir={tmp_path / 'w'}", *args], cwd=ROOT,

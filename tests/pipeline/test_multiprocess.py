@@ -79,6 +79,7 @@ def test_a_process_index_outside_the_job_is_refused():
     distributed.shard([1, 2, 3], 2, 2)
 
 
+@pytest.mark.slow
 def test_sharded_rollouts_read_back_as_one_process_store(tmp_path):
   tasks = _tasks(7)
   single = _run(tasks, str(tmp_path / "single"))
@@ -106,6 +107,7 @@ def test_sharded_rollouts_read_back_as_one_process_store(tmp_path):
   assert sum(len(TrajectoryStore(rollout_lib.shard_dir(sharded, k))) for k in (0, 1)) == len(tasks)
 
 
+@pytest.mark.slow
 def test_a_job_resumed_with_another_process_count_runs_only_the_missing_tasks(tmp_path):
   tasks, path = _tasks(6), str(tmp_path / "store")
   _run(tasks[:4], path)  # a single-process run stopped after 4 episodes

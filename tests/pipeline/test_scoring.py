@@ -39,6 +39,7 @@ MID = _sample("Task Instruction: buy a mug\n\nRound 0\n\n<html>page</html>", "ex
 LONG = _sample("x" * 10 + " ".join(f"word{i}" for i in range(60)), "YES", "long")  # > 128 tokens: a bigger bucket
 
 
+@pytest.mark.slow
 def test_score_is_the_replys_log_probability_and_the_state_at_its_start(loaded):
   out = scoring.score(loaded, [MID])
   lp, n, logits, hidden, at, ids, loss = _hand(loaded, MID)
@@ -51,6 +52,7 @@ def test_score_is_the_replys_log_probability_and_the_state_at_its_start(loaded):
   assert loss[at] == 0 and loss[at + 1] == 1  # `at` predicts the reply's first token
 
 
+@pytest.mark.slow
 def test_per_token_gives_each_reply_tokens_log_probability_in_order(loaded):
   out = scoring.score(loaded, [SHORT, LONG, MID], batch=2, per_token=True)  # two buckets, rows sorted by length
   for k, item in enumerate((SHORT, LONG, MID)):
@@ -91,6 +93,7 @@ def test_scores_do_not_depend_on_the_batch_around_a_sample(loaded):
   assert len(set(together["logp"].tolist())) == 3  # three different samples, three different scores
 
 
+@pytest.mark.slow
 def test_max_len_cuts_the_prompt_from_the_left_and_keeps_the_reply(loaded):
   ids, loss = conversation.tokenize(MID, loaded.tokenizer, 1)
   max_len = len(ids) - 1 - 5

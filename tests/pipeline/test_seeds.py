@@ -96,6 +96,7 @@ def test_a_recipe_returning_a_checkpoint_path_gets_its_per_seed_checkpoints_list
   assert f"seed 2: {want['2']}" in printed
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_seeds_before_any_work(tmp_path):
   workdir = tmp_path / "w"
   proc = subprocess.run([sys.executable, "-m", "jaxagent.main", "--config=configs/il.py:smoke",
@@ -120,6 +121,7 @@ def test_policies_with_per_episode_outcomes_get_paired_differences_against_the_f
   assert seeds.stratified(per_seed) == {}  # no strata recorded: no breakdown
 
 
+@pytest.mark.slow
 def test_run_seeds_writes_each_policys_interval_and_the_breakdown_by_stratum(tmp_path):
   st = {"a": {"family": "cart", "split": "test_comb"}, "b": {"family": "buy", "split": "test_value"}}
 
@@ -139,6 +141,7 @@ def test_run_seeds_writes_each_policys_interval_and_the_breakdown_by_stratum(tmp
   assert written["by_stratum"]["family"]["cart"]["rl"]["mean"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_recipes_pairs_are_paired_beside_those_against_the_first_policy():
   outcomes = {"il": [0, 0, 1, 0], "fbc": [1, 0, 1, 0], "digiq": [1, 1, 1, 0]}
   per_seed = {s: {n: {"success_rate": sum(o) / 4, "outcomes": {f"e{i}": float(x) for i, x in enumerate(o)}}

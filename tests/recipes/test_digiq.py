@@ -199,6 +199,7 @@ _TAP = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT
         '"lift_point": "[{y}, {x}]", "typed_text": ""')
 
 
+@pytest.mark.slow
 def test_encoder_separates_actions_and_ignores_batch_padding():
   from jaxagent.proj.digiq import represent
   from jaxagent.serving.checkpoint import random_policy

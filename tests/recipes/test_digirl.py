@@ -222,6 +222,7 @@ def test_a_bad_capacity_is_refused_naming_the_key(value):
     digirl.check_config(config)
 
 
+@pytest.mark.slow
 def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
   """On the benchmark, demonstrations, offline data and online rounds come from train_a, train_b and train_c."""
   config = _config()

@@ -315,6 +315,7 @@ def test_released_folders_convert_finished_tasks_only(tmp_path):
   assert all(os.path.exists(p) for x in items for p in x["images"]) and len(items[1]["images"]) == 2
 
 
+@pytest.mark.slow
 def test_on_the_benchmark_il_comes_from_train_a_exploration_from_train_c_and_test_is_the_headline(tmp_path):
   """`tasks.suite=bench` (web profile): the IL queries from `train_a`, each iteration's from `train_c`, every
   held-out headline intent once as `test`, the negative control written beside them; no test intent trains."""

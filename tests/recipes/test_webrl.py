@@ -248,6 +248,7 @@ def test_the_evaluation_cli_acts_as_the_recipe_with_a_trained_actor(pipeline, tm
                                        f"phase{config.phases}", actor, webrl.test_episodes(config, workdir))
 
 
+@pytest.mark.slow
 def test_each_stage_draws_from_its_split(tmp_path, monkeypatch):
   """On the benchmark (text profile): demonstrations from train_a, the ORM's episodes from train_b, the
   curriculum's variations from train_c; train_c is refused off the benchmark, naming the key."""

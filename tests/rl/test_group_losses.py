@@ -64,6 +64,7 @@ def test_token_aggregations_by_hand():
     L.aggregate_tokens(x, m, "seq_mean_token_sum_norm")
 
 
+@pytest.mark.slow
 def test_ppo_clip_by_hand_and_its_gradient_vanishes_where_clipped():
   old = jnp.log(jnp.array([[0.5, 0.5], [0.5, 0.5]]))
   new = jnp.log(jnp.array([[0.75, 0.55], [0.25, 0.5]]))  # ratios 1.5, 1.1 | 0.5, 1.0

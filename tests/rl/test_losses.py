@@ -153,6 +153,7 @@ def test_best_of_n_candidate_ids():
 # ----------------------------------------------------------------------------------------- BC / NLL
 
 
+@pytest.mark.slow
 def test_bc_nll_clamp_and_normalisation_hand_computed():
   p = np.array([[0.5, 0.0005, 0.3], [0.995, 0.2, 0.1]])
   mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -277,6 +278,7 @@ def _webrl_case(seed):
 
 
 @pytest.mark.parametrize("seed,add_sft", [(0, False), (1, False), (2, True), (3, False)])
+@pytest.mark.slow
 def test_webrl_actor_loss_code_batch_normalised_matches_numpy_transcription_of_a_batch(seed, add_sft):
   lp, ref, mask, adv = _webrl_case(seed)
   ours, aux = L.webrl_actor_loss_code(jnp.asarray(lp), jnp.asarray(ref), mask, jnp.asarray(adv), add_sft, "batch")
@@ -299,6 +301,7 @@ def test_webrl_actor_loss_code_is_the_mean_of_the_codes_batches_of_one(seed, add
   np.testing.assert_allclose(aux["log_ratio"], np.where(kept, ratio / n, ratio), rtol=1e-5)  # 1 when masked out
 
 
+@pytest.mark.slow
 def test_webrl_actor_loss_code_per_sample_and_per_batch_by_hand():
   """A: 2 tokens, lp −1, lp_ref −2 (p_ref e^−1 < 0.8: β0 1); B: 4 tokens, lp −0.2, lp_ref −0.6 (p_ref e^−0.15 ≥ 0.8:
   β0 5); both A ≥ 0, so Â = 1. Per sample: ρ = 1/2 and 0.1, β = min(1, 2) = 1 and min(5, 10) = 5, SmoothL1 of
@@ -324,6 +327,7 @@ def test_webrl_actor_loss_code_per_sample_and_per_batch_by_hand():
     L.webrl_actor_loss_code_seq(lp, mask, ref, adv, normalize="token")
 
 
+@pytest.mark.slow
 def test_webrl_actor_loss_code_gradient_only_from_positive_samples():
   rng = np.random.default_rng(4)
   lp = jnp.asarray(np.log(rng.uniform(0.3, 1.0, size=(4, 3))), jnp.float32)
@@ -358,6 +362,7 @@ def test_rank_score_and_perplexity_filter():
 # ------------------------------------------------------------------------------------------- jit
 
 
+@pytest.mark.slow
 def test_losses_are_jittable():
   b, n = 3, 4
   key = jax.random.key(0)

@@ -63,6 +63,7 @@ def test_a_request_joins_a_running_decode(decoder, continuous):
     assert result.text == alone.text and result.completion_tokens == alone.completion_tokens
 
 
+@pytest.mark.slow
 def test_greedy_matches_the_batch_sampler_for_mixed_lengths(decoder, continuous):
   futures = [continuous.submit(GenerationRequest(p, max_tokens=10, temperature=0.0)) for p in PROMPTS]
   batch = Engine(decoder, max_batch=4, max_new_tokens=48).generate(

@@ -41,6 +41,7 @@ def test_models_lists_the_served_model(client):
   assert [m.id for m in client.models.list().data] == ["tiny-vlm"]
 
 
+@pytest.mark.slow
 def test_chat_with_image_matches_the_engine_and_streams_the_same(server, client):
   arr, b64 = _png(0)
   resp = client.chat.completions.create(model="tiny-vlm", messages=_chat(b64), max_tokens=12, temperature=0)

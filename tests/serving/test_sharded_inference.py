@@ -55,6 +55,7 @@ def test_load_policy_restores_onto_the_mesh(tmp_path):
           [r.text for r in Engine(one, max_new_tokens=16).generate(reqs)])
 
 
+@pytest.mark.slow
 def test_the_server_runs_a_sharded_policy(tmp_path):
   export = export_policy(random_policy("decoder", seed=4), str(tmp_path / "export"))
   request = GenerationRequest(prompt="the cart holds", max_tokens=8, temperature=0.0)

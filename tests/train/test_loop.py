@@ -35,6 +35,7 @@ def _loss(scale):
   return loss_fn
 
 
+@pytest.mark.slow
 def test_finite_loss_trains_and_checkpoints(tmp_path):
   path = loop.train(_config(steps=2, every=1), str(tmp_path), model_fn=lambda: init_decoder(CFG, 0),
                     loss_fn=_loss(1.0), dataset=_dataset())

@@ -26,11 +26,13 @@ def tokenizer():
   return load_tokenizer(None)
 
 
+@pytest.mark.slow
 def test_a_flash_lora_step_grows_linearly_with_the_sequence(tokenizer):
   temp = {t: step_memory(_config(t, "flash", "full"), tokenizer, 2, t)["temp"] for t in (1024, 8192)}
   assert temp[8192] / temp[1024] < 8 * 1.1, temp  # 8x the tokens, 8x the bytes (the plain kernel: T^2)
 
 
+@pytest.mark.slow
 def test_remat_lowers_the_compiled_temp_bytes(tokenizer):
   temp = {r: step_memory(_config(2048, "flash", r), tokenizer, 2, 2048)["temp"] for r in ("none", "full")}
   assert temp["full"] < 0.7 * temp["none"], temp

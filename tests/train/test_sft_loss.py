@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from jaxagent.train.losses import masked_cross_entropy, weighted_token_nll
 
@@ -24,6 +25,7 @@ def model(input_ids, attention_mask=None):
   return LOGITS
 
 
+@pytest.mark.slow
 def test_unweighted_is_the_masked_cross_entropy_and_unit_weights_agree():
   plain, metrics = weighted_token_nll(model, _batch())
   expected, count = masked_cross_entropy(LOGITS, _batch()["targets"], _batch()["loss_mask"])

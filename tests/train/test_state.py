@@ -6,6 +6,7 @@ import os
 import jax
 import numpy as np
 import optax
+import pytest
 
 from jaxagent import sharding
 from jaxagent.models.llama import DecoderConfig, init_decoder
@@ -18,6 +19,7 @@ CFG = DecoderConfig.tiny(vocab_size=64, hidden_size=32, num_layers=1, num_heads=
                          intermediate_size=64)
 
 
+@pytest.mark.slow
 def test_from_model_keeps_weights_and_shards_by_the_rules(tmp_path):
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
   model = init_decoder(CFG, seed=3)

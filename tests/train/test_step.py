@@ -57,6 +57,7 @@ def one_device():
   return run_steps(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1]))
 
 
+@pytest.mark.slow
 def test_eight_devices_shard_params_and_match_one_device(one_device):
   assert jax.device_count() == 8
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -73,6 +74,7 @@ def test_eight_devices_shard_params_and_match_one_device(one_device):
   np.testing.assert_allclose(losses, one_device[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_full_batch(one_device):
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
   _, full, m_full = one_device

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxagent.rl import losses as rl_losses
 from jaxagent.train.losses import webrl_actor_loss, webrl_actor_loss_paper
@@ -28,6 +29,7 @@ def _token_logp(batch):
   return np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
 
 
+@pytest.mark.slow
 def test_code_loss_on_a_batch_is_the_code_loss_of_its_token_logprobs():
   b = _batch()
   loss, metrics = webrl_actor_loss()(model, b)
@@ -38,6 +40,7 @@ def test_code_loss_on_a_batch_is_the_code_loss_of_its_token_logprobs():
   np.testing.assert_array_equal(aux["mask"], [1.0, 0.0, 1.0])
 
 
+@pytest.mark.slow
 def test_sequence_reference_equals_the_per_token_form():
   b = _batch()
   rng = np.random.default_rng(1)

@@ -27,6 +27,7 @@ def device_suite():
   return bench.generate(SEED, "device", 2)
 
 
+@pytest.mark.slow
 def test_sizes_meet_the_design(pools, device_suite):
   assert len(bench.FAMILIES) >= 8
   train = [it for s in bench.TRAIN_SPLITS for it in pools[s]]
@@ -39,6 +40,7 @@ def test_sizes_meet_the_design(pools, device_suite):
     assert device_suite[split], split
 
 
+@pytest.mark.slow
 def test_splits_are_disjoint_in_intents_values_and_templates(pools):
   keys = {s: {it.key for it in its} for s, its in pools.items()}
   splits = list(keys)
@@ -140,6 +142,7 @@ def test_every_task_validates(device_suite):
       tasks.validate(t)
 
 
+@pytest.mark.slow
 def test_generating_every_split_is_fast():
   """In this process's CPU time: the suite's other workers share the cores, and wall time would count them."""
   start = time.process_time()
@@ -162,6 +165,7 @@ def test_split_specs():
   assert head and {t.meta["family"] for t in head} == {"filter"}
 
 
+@pytest.mark.slow
 def test_the_control_split_is_the_recipes_negative_control_apart_from_the_headline():
   from jaxagent.pipeline import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
   control = bench.tasks_for("text/control@2", SEED)

@@ -18,6 +18,7 @@ def judged(ep):
 
 @pytest.mark.parametrize("profile,level", [pytest.param("web", 0, marks=pytest.mark.slow), ("device", 2),
                                            pytest.param("text", 1, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_the_expert_solves_every_headline_intent(profile, level):
   env = linkgraph.LinkEnv(0)
   failures = collections.Counter()
@@ -28,6 +29,7 @@ def test_the_expert_solves_every_headline_intent(profile, level):
   assert not failures, failures
 
 
+@pytest.mark.slow
 def test_a_random_policy_stays_at_the_floor_on_tiers_2_and_3():
   env = linkgraph.LinkEnv(0)
   suite = bench.generate(0, "device", 2, splits=("train_c",))["train_c"]
@@ -80,6 +82,7 @@ def test_the_in_process_pages_are_the_servers_bytes():
     assert server.fetch_state(s.base_url, linkgraph.SESSION)["orders"] == ep.state["orders"]
 
 
+@pytest.mark.slow
 def test_two_policies_meet_the_same_perturbations_in_one_episode():
   """What a policy meets at its n-th request or page view depends on the episode, not on the policy: the expert
   and a noisy policy (other actions, other pages) see failures at the same request numbers, the pop-up at the same
@@ -124,6 +127,7 @@ def test_two_policies_meet_the_same_perturbations_in_one_episode():
   assert compared["failed"] and compared["popup"] and compared["layout"]  # the comparison was not vacuous
 
 
+@pytest.mark.slow
 def test_noisy_policy_mix_is_controllable():
   """`repair` clicks a wrong sibling (another brand, sort or colour) that the expert's next action repairs;
   `shortcut` takes the deal whenever it is offered."""

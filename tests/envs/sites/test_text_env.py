@@ -231,6 +231,7 @@ def _phone_tasks():
   return [by_template[k] for k in sorted(by_template)]
 
 
+@pytest.mark.slow
 def test_a_phone_episode_as_text_matches_chromium(phone, site):
   """DigiRL's `env.observation=html` on the text backend: the prompt at every step is what Chromium's phone shows."""
   task = next(t for t in _phone_tasks() if t.template == "shop_category_sort")
@@ -252,6 +253,7 @@ def test_the_phone_as_text_is_chromium_byte_for_byte(phone, site):
   assert {"shop", "shop/c/X", "shop/p/X", "forum", "forum/t/X", "settings"} <= seen, sorted(seen)
 
 
+@pytest.mark.slow
 def test_the_expert_solves_every_phone_family_as_text(site):
   """DigiRL's text observation has demonstrations to learn from: the expert's element taps solve each family."""
   with SiteTextEnv(profile="device", oracle_targets=True, base_url=site) as text:

@@ -59,6 +59,7 @@ def _elements(elements) -> list:
   return [(e.index, e.tag, e.text, {k: v for k, v in e.attrs.items() if k != "data-bbox"}) for e in elements]
 
 
+@pytest.mark.slow
 def test_a_page_of_edge_cases_simplifies_as_in_chromium(chromium_page):
   html, elements = html_obs.simplify(chromium_page)
   page = textpage.Page(_page())

@@ -120,6 +120,7 @@ def test_greedy_generation_with_the_cache_matches_the_original(ckpt):
   assert np.asarray(ours).tolist() == dec[:, 1:].numpy().tolist()
 
 
+@pytest.mark.slow
 def test_export_round_trips_and_a_plain_t5_loads(ckpt, tmp_path):
   ref, path = ckpt
   model, cfg = hf_autoui.load_pretrained(path)

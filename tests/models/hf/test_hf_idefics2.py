@@ -58,6 +58,7 @@ def _rel(ours, theirs):
   return float(np.max(np.abs(np.asarray(ours) - theirs)) / np.max(np.abs(theirs)))
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_with_one_and_two_images(ckpt):
   hf_model, path = ckpt
   model, cfg = hf_idefics2.load_pretrained(path)
@@ -183,6 +184,7 @@ def test_a_recipe_builds_idefics2_and_wraps_each_image_as_its_processor(owv_dir)
   assert (encode(item)["input_ids"] == wrap).sum() == 3
 
 
+@pytest.mark.slow
 def test_export_runs_in_transformers_processor_and_generate_as_our_engine(owv_dir, tmp_path):
   from jaxagent.serving import checkpoint  # pylint: disable=g-import-not-at-top
   from jaxagent.serving.engine import Engine, GenerationRequest  # pylint: disable=g-import-not-at-top

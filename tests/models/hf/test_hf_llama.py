@@ -108,6 +108,7 @@ def test_greedy_decoding_matches_generate(hf_case):
   np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref, err_msg=name)
 
 
+@pytest.mark.slow
 def test_export_reloads_in_transformers_with_identical_tensors(hf_case, tmp_path):
   name, hf_model, _, model, cfg = hf_case
   out = tmp_path / "export"

@@ -138,6 +138,7 @@ def test_greedy_generate_matches_hf(hf_model, ours):
   np.testing.assert_array_equal(qwen2_vl.greedy_generate(model, ids, jnp.asarray(pixels), GRIDS, 5), want)
 
 
+@pytest.mark.slow
 def test_loads_in_memory_spelling(hf_model, ours, tmp_path):
   """transformers-5 in-memory names (`model.visual.*`, `model.language_model.*`) load to the same model."""
   src = hf_model[1]

@@ -85,6 +85,7 @@ def test_classification_heads_have_two_outputs():
   assert q.shape == (2, 2) and v.shape == (2, 2) and bool(jnp.all((q > 0) & (q < 1)))
 
 
+@pytest.mark.slow
 def test_scores_feed_best_of_n_selection(model):
   cfg = model.cfg
   batch = _batch(cfg, [[TAP, TYPE, "junk"], [TYPE, TAP, TAP]], n=3)
@@ -165,6 +166,7 @@ def _cand_batch(cfg, seed=0):
   return b
 
 
+@pytest.mark.slow
 def test_td_loss_wiring_matches_the_digiq_code(model):
   """Transcribes `critic_loss` (bellman): Q_i on r + (1-done)·γ·V̄_i(s'), V_i on Q̄_i(s, a_b)."""
   cfg = model.cfg
@@ -481,6 +483,7 @@ def _param_gap(a, b):
                                                            jax.tree.leaves(nnx.state(b, nnx.Param))))
 
 
+@pytest.mark.slow
 def test_target_starts_from_its_own_init_or_as_a_copy():
   cfg = C.CriticConfig.tiny(image_dim=8, rep_dim=8)
   random_init = critic_lib.CriticWithTarget(cfg, 0, "random")

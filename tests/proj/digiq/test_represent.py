@@ -100,6 +100,7 @@ def test_generated_greedy_equals_the_uncached_reference_with_eos_stops(policy, s
   assert not np.allclose(out["reps"][1], last[1], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_generated_sampled_is_the_default_and_is_seeded_per_pair(policy, screen):
   enc = represent.Encoder(policy, batch=4)  # the defaults: generated, 5 new tokens, temperature 0.2
   assert (enc.readout, enc.max_new_tokens, enc.temperature) == ("generated", 5, 0.2)

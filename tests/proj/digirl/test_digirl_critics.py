@@ -105,6 +105,7 @@ def test_digirl_filter_prefers_successes_on_hard_instructions():
   assert keep[1] and keep[2] and not keep[0] and not keep[3] and not keep[4:].any()  # the two hardest successes
 
 
+@pytest.mark.slow
 def test_critic_losses_are_the_codes_cross_entropies():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   model = critics.StepCritic(text_dim=3, image_dim=2, hidden=4, seed=0)

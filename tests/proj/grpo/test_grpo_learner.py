@@ -71,6 +71,7 @@ def test_updates_follow_the_advantages_and_reach_the_acting_policy(start, tmp_pa
   assert _logp(reloaded, good.prompt_ids, good.reply_ids) == pytest.approx(after[0], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_rows_with_zero_advantage_do_not_train(start, tmp_path):
   config, il = start
   learner = Learner(config, stage_config(config, config.grpo), il, str(tmp_path / "actor"),
@@ -99,6 +100,7 @@ def _traj(task_id, rewards, prompts):
                                  enumerate(zip(rewards, prompts))], status="completed")
 
 
+@pytest.mark.slow
 def test_step_advantages_are_group_relative_and_gigpo_groups_identical_states():
   eps = groups.group_episodes([types.Task(id="t", intent="", site="miniwob", start_url="")], 2, 3)
   assert [e.id for e in eps] == ["t@r3g0", "t@r3g1"] and groups.group_of(eps[1].id) == "t@r3"

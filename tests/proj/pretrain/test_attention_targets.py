@@ -54,6 +54,7 @@ def _attention_probs(model, layer, batch):
 
 
 @pytest.mark.parametrize("layer,heads,shift", [(1, 3, 1), (0, 1, 0)])
+@pytest.mark.slow
 def test_head_nll_is_minus_log_the_models_attention_on_the_source(layer, heads, shift):
   model, batch = _model(), _batch()
   probs, xs = _attention_probs(model, layer, batch)
@@ -67,6 +68,7 @@ def test_head_nll_is_minus_log_the_models_attention_on_the_source(layer, heads, 
   np.testing.assert_allclose(float(got), expect, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   model, batch = _model(), _batch()
   batch["reply_source"] = np.zeros_like(batch["input_ids"])
@@ -122,6 +124,7 @@ def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
   assert with_readout > plain + 1.0  # an untrained head names a token of 64 with ~log 64 nats
 
 
+@pytest.mark.slow
 def test_readout_every_kth_query_scores_those_queries_alone():
   model, batch = _model(), _batch()
   xs = []

@@ -26,6 +26,7 @@ def _element_text(html: str, eid: str) -> str:
   return m.group(1).strip() if m else ""
 
 
+@pytest.mark.slow
 def test_every_reply_answers_its_query_on_its_page(samples):
   checked = {"click": 0, "mention": 0, "type": 0, "search": 0, "read": 0, "say": 0}
   styles = collections.Counter()
@@ -98,6 +99,7 @@ def test_worlds_below_the_pretraining_range_are_refused():
       corpus.check_worlds("corpus.worlds", first, count)
 
 
+@pytest.mark.slow
 def test_no_benchmark_intent_or_demonstration_reply_is_in_the_corpus(samples):
   from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
   intents = {t.intent for split in ("train_a", "test_comb", "test_value", "test_template")
@@ -113,6 +115,7 @@ def test_no_benchmark_intent_or_demonstration_reply_is_in_the_corpus(samples):
   assert not {q for note in notes for q in re.findall(r'"([^"]*)"', note.group(1))} & strings
 
 
+@pytest.mark.slow
 def test_a_mention_has_one_answer_the_element_it_names_that_no_earlier_round_clicked():
   examples = corpus.examples(1000, 1, walks_per_world=3, walk_steps=4, per_page=3, skills=("mention",), seed=2)
   assert len(examples) > 20

@@ -290,6 +290,7 @@ def _one_step(seed, got):
   return None
 
 
+@pytest.mark.slow
 def test_mutations_are_one_step_along_the_tier_axis_of_each_failed_task(bench_pool):
   pool = bench_pool["train_c"]
   lookups = {(_params(t)["category"], _params(t)["brand"]) for t in pool if t.meta["family"] == "lookup"}
