@@ -67,6 +67,7 @@ def test_per_token_gives_each_reply_tokens_log_probability_in_order(loaded):
   assert "token_logp" not in scoring.score(loaded, [MID])
 
 
+@pytest.mark.slow
 def test_logit_ids_and_offset_pick_columns_later_in_the_reply(loaded):
   ids, loss = conversation.tokenize(MID, loaded.tokenizer, 1)
   at = int(np.flatnonzero(loss)[0]) - 1

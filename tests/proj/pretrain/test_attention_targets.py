@@ -95,6 +95,7 @@ def test_weight_zero_is_the_plain_reply_loss_and_the_targets_train():
   assert float(metrics["name_attention"]) == 0.0
 
 
+@pytest.mark.slow
 def test_the_previous_token_heads_are_scored_on_the_token_before_each_past_the_link_heads_keys():
   model, batch = _model(), _batch()  # 4 heads over 2 key-value heads: the link head is 0, so previous heads 2..
   cfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=1, name_layer=0,
