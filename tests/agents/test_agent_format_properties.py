@@ -3,6 +3,7 @@ originals' error text, and `parse(render(a)) == a` for every kind a format suppo
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +52,7 @@ def _check(name, text):
 
 @SETTINGS
 @given(st.text(max_size=200))
+@pytest.mark.slow
 def test_no_parser_raises_on_any_text(text):
   for name in FORMATS:
     _check(name, text)

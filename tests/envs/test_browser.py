@@ -92,6 +92,7 @@ def test_som_click_by_index_hits_that_element(env, site):
   assert info["url"] == site + "index.html"
 
 
+@pytest.mark.slow
 def test_a11y_ids_click_the_named_node(env, site):
   env.observation = "a11y"
   try:
@@ -201,6 +202,7 @@ def test_new_tab_becomes_active_and_download_is_saved(env, site):
   assert obs.url == site + "next.html" and len(env.page.context.pages) == 2
 
 
+@pytest.mark.slow
 def test_scroll_window_moves_two_thirds_of_viewport(env, site):
   env.reset(_task(site))
   env.step(Action(ActionKind.SCROLL, direction="down"))

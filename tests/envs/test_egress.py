@@ -185,6 +185,7 @@ def test_a_redirect_hop_to_a_forbidden_origin_is_blocked_and_reported(env, world
   assert "was blocked" in obs.error
 
 
+@pytest.mark.slow
 def test_userinfo_and_port_wildcard_tricks_are_refused(env, world):
   pattern = "http://127.0.0.1:*"  # any port of the allowed host: 127.0.0.2 stays forbidden
   before = _connections(world)

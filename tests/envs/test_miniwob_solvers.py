@@ -64,6 +64,7 @@ def test_webrl_ids_click_and_type_on_miniwob_html(env):
   assert reward == 1.0 and done
 
 
+@pytest.mark.slow
 def test_pages_are_served_as_utf8(env):
   obs = env.reset(miniwob.make_task("unicode-test", seed=0))
   assert "Ã" not in obs.intent + obs.html and any(ord(c) > 127 for c in obs.intent)

@@ -90,6 +90,7 @@ def test_the_decoder_with_flash_gives_the_logits_and_gradients_of_xla(packed, mo
     np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_decoder_decodes_with_its_cache_as_before():
   cfg = llama.DecoderConfig.tiny()
   ours, flash = llama.init_decoder(cfg, 0), llama.init_decoder(dataclasses.replace(cfg, attention="flash"), 0)

@@ -66,6 +66,7 @@ def test_chat_with_image_matches_the_engine_and_streams_the_same(server, client)
   assert chunks[-1].choices[0].finish_reason == resp.choices[0].finish_reason
 
 
+@pytest.mark.slow
 def test_predict_is_openwebvoyagers_shape(server, client):
   arr, b64 = _png(1)
   body = {"id": "q1", "conversations": [{"role": "user", "content": "Task: find the price. <image> Screenshot."}],

@@ -42,6 +42,7 @@ def test_finite_loss_trains_and_checkpoints(tmp_path):
   assert path.endswith("/2")
 
 
+@pytest.mark.slow
 def test_nan_loss_raises_before_the_state_is_checkpointed(tmp_path):
   with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
     loop.train(_config(steps=4, every=2), str(tmp_path), model_fn=lambda: init_decoder(CFG, 0),

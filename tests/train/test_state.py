@@ -43,6 +43,7 @@ def test_from_model_keeps_weights_and_shards_by_the_rules(tmp_path):
   np.testing.assert_array_equal(jax.random.key_data(rng2), jax.random.key_data(rng))
 
 
+@pytest.mark.slow
 def test_abstract_state_holds_no_arrays_and_restores_a_checkpoint(tmp_path):
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
   ts = create_train_state_from_model(init_decoder(CFG, seed=3), optax.adam(1e-3), mesh)

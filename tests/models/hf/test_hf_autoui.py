@@ -103,6 +103,7 @@ def test_fused_memory_and_logits_match_the_original(ckpt):
   assert _rel(logits, want) < REL_TOL
 
 
+@pytest.mark.slow
 def test_greedy_generation_with_the_cache_matches_the_original(ckpt):
   ref, path = ckpt
   model, _ = hf_autoui.load_pretrained(path)
