@@ -50,9 +50,9 @@ def _check(name, text):
   return action
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.text(max_size=200))
-@pytest.mark.slow
 def test_no_parser_raises_on_any_text(text):
   for name in FORMATS:
     _check(name, text)
