@@ -2,7 +2,9 @@
 share (from `/proc/stat`) sampled once a second, then prints the seconds each pytest-xdist worker spent per
 directory and module and how busy the machine was.
 
-    python scripts/suite_profile.py [--log /tmp/suite.log] [-- [--lane multiprocess|all] extra pytest args]
+    python scripts/suite_profile.py [--log /tmp/suite.log] [-- [--lane LANE] extra pytest args]
+
+LANE: multiprocess, long, multiprocess,long or all (`scripts/test.sh` says what each holds).
 
 A test's seconds are those between its worker's previous report and its own (its module's import and fixtures
 included). Linux only (`/proc/stat`).
