@@ -14,23 +14,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 lane=main
 if [[ "${1:-}" == "--lane" ]]; then
-  lane="${2:?--lane takes main, multiprocess or all}"
+  lane="${2:?--lane takes main, multiprocess, long, multiprocess,long or all}"
   shift 2
 fi
 case "$lane" in
   main) select=(-m "not multiprocess and not long") ;;
   all) select=() ;;
   *)
-    markers=()
     IFS=, read -ra names <<< "$lane"
     for name in "${names[@]}"; do
-      case "$name" in
-        multiprocess|long) markers+=("$name") ;;
-        *) echo "--lane $lane: choose main, multiprocess, long (or a comma list of these two) or all" >&2; exit 2 ;;
-      esac
+      [[ "$name" == multiprocess || "$name" == long ]] && continue
+      echo "--lane $lane: choose main, multiprocess, long (or a comma list of these two) or all" >&2; exit 2
     done
-    expression="${markers[0]}"
-    for name in "${markers[@]:1}"; do expression+=" or $name"; done
-    select=(-m "$expression") ;;
+    select=(-m "${lane//,/ or }") ;;
 esac
 exec python -m pytest -q -n auto --dist loadscope --durations=30 ${select[@]+"${select[@]}"} "$@"
