@@ -151,7 +151,8 @@ PAGE_TYPES = {"shop", "shop/search", "shop/c/X", "shop/p/X", "shop/cart", "shop/
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("level", [0, 1, 2])
+# level 2 meets every page type; levels 0 and 1 (fewer perturbations, a subset of the pages) in the long lane
+@pytest.mark.parametrize("level", [pytest.param(0, marks=pytest.mark.long), pytest.param(1, marks=pytest.mark.long), 2])
 def test_text_backend_is_chromium_byte_for_byte(chrome, site, level):
   seen: set[str] = set()
   rng = random.Random(level)
@@ -241,6 +242,7 @@ def test_a_phone_episode_as_text_matches_chromium(phone, site):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # every phone family × three policies; the README's command plays one episode (above)
 def test_the_phone_as_text_is_chromium_byte_for_byte(phone, site):
   """Every phone family, by the expert, a noisy expert (its swipes, random taps and early stops) and random
   actions: the phone's text observation, URL, title, errors, elements and server state as Chromium's."""
