@@ -1,0 +1,185 @@
+"""Acting with SmolLM2-135M-Instruct on the benchmark's prompts: seconds a decision at batch 1 and decisions a
+second at batch 8, ours (`pipeline.policy.ModelPolicy`: the batched engine and its KV cache, as every recipe and
+`jaxagent.evaluate` act) against PyTorch + transformers `generate` on the same token ids, in the same run.
+
+Workload, the same for both sides: the scripted expert plays headline intents (`bench:text/headline@2`, one a
+family in turn) on the text backend, and at each of its steps the prompt is the one a policy acting there reads:
+WebRL's (the original's cut) rendered with SmolLM2's chat template, as `configs/webrl.py:smollm,bench=1` acts. The
+first `--decisions` prompts are answered greedily with up to `--max-tokens` new tokens, at batch 1 and at batch 8,
+each side after one untimed pass over the same batches (compilation, caches). Greedy replies are compared token by
+token (float32 on both sides; a different token is reported, not an error: near-ties may round apart).
+
+  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--json out.json]
+
+The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's jaxagent
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxagent.agents.webrl import WebRL
+from jaxagent.envs.sites import bench, expert
+from jaxagent.envs.sites.text_env import SiteTextEnv
+from jaxagent.models.hf import gguf
+from jaxagent.pipeline.policy import ModelPolicy
+from jaxagent.serving.checkpoint import load_policy
+from jaxagent.serving.engine import GenerationRequest
+from jaxagent.types import Step
+
+
+def benchmark_prompts(policy: ModelPolicy, n: int) -> list[str]:
+  """`n` prompts `policy` reads while the scripted expert plays headline intents on the text backend."""
+  tasks = bench.tasks_for("text/headline@2")
+  by_family: dict[str, list] = {}
+  for task in tasks:
+    by_family.setdefault(task.meta["family"], []).append(task)
+  order = [t for group in zip(*by_family.values()) for t in group]  # one a family in turn
+  guide = expert.ScriptedExpert("webrl")
+  prompts: list[str] = []
+  with SiteTextEnv(profile="text", oracle_targets=True) as env:
+    for task in order:
+      obs, history = env.reset(task), []
+      for k in range(task.max_steps):
+        prompts.append(policy.prompt(obs, history)[0])
+        if len(prompts) == n:
+          return prompts
+        text = guide.act([obs], [history])[0]
+        action = guide.fmt.parse(text)
+        history.append(Step(step=k, action_text=text, action=action))
+        obs, _, done, _ = env.step(action)
+        if done:
+          break
+  return prompts
+
+
+def _batches(items: list, size: int) -> list[list]:
+  return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def measure_ours(policy: ModelPolicy, prompts: list[str], batch: int) -> dict:
+  batches = _batches([(p, []) for p in prompts], batch)
+  t0 = time.perf_counter()
+  for b in batches:  # the untimed pass: one compilation per shape
+    policy.generate(b)
+  warm = time.perf_counter() - t0
+  times, tokens = [], []
+  for b in batches:
+    t0 = time.perf_counter()
+    out = policy.generate(b)
+    times.append(time.perf_counter() - t0)
+    tokens += [list(getattr(o, "reply_ids", [])) for o in out]
+  return {"batch": batch, "decisions": len(prompts), "seconds": sum(times), "first_pass_seconds": warm,
+          "seconds_per_decision": sum(times) / len(prompts), "decisions_per_s": len(prompts) / sum(times),
+          "median_batch_s": statistics.median(times), "tokens": tokens}
+
+
+def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: int, eos: list[int], pad: int) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+  def run(rows: list[np.ndarray]) -> list[list[int]]:
+    width = max(len(r) for r in rows)  # left padding, as `generate` wants for a decoder
+    x = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+      x[i, width - len(r):] = torch.from_numpy(r.astype(np.int64))
+      mask[i, width - len(r):] = 1
+    with torch.inference_mode():
+      out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                           eos_token_id=eos, pad_token_id=pad)
+    replies = []
+    for row in out[:, width:].tolist():
+      end = next((k for k, t in enumerate(row) if t in eos), None)  # the EOS kept, as our engine keeps it
+      replies.append(row if end is None else row[:end + 1])
+    return replies
+
+  batches = _batches(ids, batch)
+  t0 = time.perf_counter()
+  for b in batches:
+    run(b)
+  warm = time.perf_counter() - t0
+  times, tokens = [], []
+  for b in batches:
+    t0 = time.perf_counter()
+    tokens += run(b)
+    times.append(time.perf_counter() - t0)
+  return {"batch": batch, "decisions": len(ids), "seconds": sum(times), "first_pass_seconds": warm,
+          "seconds_per_decision": sum(times) / len(ids), "decisions_per_s": len(ids) / sum(times),
+          "median_batch_s": statistics.median(times), "tokens": tokens}
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--decisions", type=int, default=16, help="prompts answered at each batch size")
+  parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most a reply")
+  parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
+  parser.add_argument("--torch", action="store_true", help="also PyTorch + transformers `generate`, same run")
+  parser.add_argument("--json", default="", help="where to write the figures (optional)")
+  args = parser.parse_args(argv)
+  sizes = [int(b) for b in args.batches.split(",")]
+  hf_dir = gguf.smollm2_hf_dir()
+  loaded = load_policy(hf_dir)
+  policy = ModelPolicy(loaded, WebRL(), temperature=0.0, max_tokens=args.max_tokens, max_batch=max(sizes))
+  prompts = benchmark_prompts(policy, args.decisions)
+  ids = [policy.engine.prepare(GenerationRequest(prompt=p, max_tokens=args.max_tokens, temperature=0.0)).ids
+         for p in prompts]  # the ids our engine samples from: PyTorch gets the same
+  out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _processor(),
+                     "jax": jax.__version__},
+         "model": hf_dir, "decisions": len(prompts), "max_tokens": args.max_tokens,
+         "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
+         "ours": {str(b): measure_ours(policy, prompts, b) for b in sizes}}
+  if args.torch:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(os.cpu_count() or 1)
+    eos = sorted(int(e) for e in loaded.eos_ids)
+    out["torch"] = {"version": torch.__version__, **{
+        str(b): measure_torch(hf_dir, ids, b, args.max_tokens, eos, int(loaded.pad_id)) for b in sizes}}
+    for b in sizes:
+      ours, ref = out["ours"][str(b)], out["torch"][str(b)]
+      ours["ratio_over_torch"] = ref["seconds"] / ours["seconds"]
+      ours["same_reply_as_torch"] = sum(a == r for a, r in zip(ours["tokens"], ref["tokens"]))
+  one = out["ours"][str(sizes[0])]
+  print(f"SmolLM2-135M acting on {len(prompts)} benchmark prompts ({out['prompt_tokens']['mean']:.0f} tokens on "
+        f"average, {out['prompt_tokens']['max']} at most), up to {args.max_tokens} new tokens, greedy; "
+        f"{out['machine']['processor']}, {out['machine']['cpu_count']} cores")
+  for b in sizes:
+    r = out["ours"][str(b)]
+    line = (f"  batch {b}: {r['seconds_per_decision']:.2f} s a decision, {r['decisions_per_s']:.2f} decisions/s "
+            f"({r['decisions_per_s'] / one['decisions_per_s']:.2f}x batch {sizes[0]}; first pass "
+            f"{r['first_pass_seconds']:.1f} s)")
+    if args.torch:
+      t = out["torch"][str(b)]
+      line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
+               f"{r['same_reply_as_torch']} of {len(prompts)} replies the same tokens")
+    print(line)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(out, f, indent=2)
+  return out
+
+
+def _processor() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+      info = {k.strip(): v for k, v in (line.split(":", 1) for line in f if ":" in line)}
+    return f"{info['model name'].strip()} (family {info['cpu family'].strip()})"
+  except (OSError, KeyError):
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+  main()
