@@ -12,7 +12,10 @@ per-slot validity and RoPE positions and one write index shared by all rows. A f
 writes its T tokens at slots `[index, index+T)` for every row (padding tokens are written but marked
 invalid) and attends over the whole buffer under the mask `slot causal & valid & window`. Rows therefore
 may have different prompt lengths and either padding side; a row's next RoPE position is the number of
-valid tokens it holds (`cache.lengths`).
+valid tokens it holds (`cache.lengths`). A prompt written into a cache nothing was written to yet (`KVCache.empty`,
+as `init_cache` makes it: a prefill) attends within itself instead, through the self-attention paths that skip
+the blocks above the diagonal (`layers.causal_block_attention`, `flash_attention`): the same keys carry weight,
+and the [T, L] scores over the empty slots are never computed.
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ class KVCache:
   valid: jax.Array
   positions: jax.Array
   index: jax.Array
+  # nothing was written to it yet (a fresh `init_cache`): a multi-token call may attend within its own input
+  empty: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   @property
   def max_len(self) -> int:
@@ -221,17 +226,21 @@ class Attention(nnx.Module):
                                use_bias=cfg.attention_out_bias, dtype=dt, param_dtype=pdt, rngs=rngs)
     self.attention = cfg.attention
 
-  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None):
-    """x [B,T,E]; kv: this layer's (k_cache, v_cache) or None. Returns (out, new_kv)."""
+  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None, within_input=False):
+    """x [B,T,E]; kv: this layer's (k_cache, v_cache) or None. Returns (out, new_kv). `within_input`: the cache
+    held nothing before this call, so the input attends within itself (mask_fn: its `layers.SelfMask`) and is
+    only written to the cache."""
     q = layers.shard_heads(layers.apply_rope(self.q_proj(x), positions, inv_freq))
     k = layers.shard_heads(layers.apply_rope(self.k_proj(x), positions, inv_freq), kv=True)
     v = layers.shard_heads(self.v_proj(x), kv=True)
     if kv is not None:
       k_cache, v_cache = kv
-      k, v = write_slots(k_cache, k.astype(k_cache.dtype), index), write_slots(v_cache, v.astype(v_cache.dtype), index)
-      kv = (k, v)
+      k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)  # as the cache holds them
+      kv = (write_slots(k_cache, k, index), write_slots(v_cache, v, index))
+      if not within_input:
+        k, v = kv
     k, v = k.astype(q.dtype), v.astype(q.dtype)
-    if kv is not None:  # mask_fn: the [B, 1, T, L] mask over the cache
+    if kv is not None and not within_input:  # mask_fn: the [B, 1, T, L] mask over the cache
       out = layers.dot_product_attention(q, k, v, mask_fn())
     elif self.attention == "flash":  # mask_fn: a `layers.SelfMask`, kept as vectors
       out = layers.flash_attention(q, k, v, mask_fn())
@@ -267,8 +276,8 @@ class Block(nnx.Module):
                                                    param_dtype=pdt)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None):
-    attn, kv = self.self_attn(self.input_layernorm(x), positions, inv_freq, mask_fn, kv, index)
+  def __call__(self, x, positions, inv_freq, mask_fn, kv=None, index=None, within_input=False):
+    attn, kv = self.self_attn(self.input_layernorm(x), positions, inv_freq, mask_fn, kv, index, within_input)
     x = x + attn
     x = x + self.mlp(self.post_attention_layernorm(x))
     return sharding.shard(x, ("batch", "length", "act_embed")), kv
@@ -313,7 +322,7 @@ class Decoder(nnx.Module):
     shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
     zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
     return KVCache(k=zeros(), v=zeros(), valid=jnp.zeros((batch, max_len), bool),
-                   positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32))
+                   positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32), empty=True)
 
   def hidden_states(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
                     cache: KVCache | None = None, segment_ids=None, layer_inputs: list | None = None):
@@ -341,9 +350,11 @@ class Decoder(nnx.Module):
     positions = positions.astype(jnp.int32)
     inv_freq = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     q_slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    within_input = cache is not None and cache.empty and t > 1  # a prefill: its keys are its own
 
-    if cache is None:
+    if cache is None or within_input:
       mask_fn = lambda: layers.SelfMask(mask, positions, segment_ids, cfg.sliding_window)
+    if cache is None:
       index = None
     else:
       index = cache.index
@@ -353,7 +364,8 @@ class Decoder(nnx.Module):
       k_pos = write_slots(cache.positions, positions, index)
       k_slots = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), valid.shape)
       q_at = q_slots + (index[:, None] if jnp.ndim(index) else index)
-      mask_fn = lambda: layers.attention_mask(q_at, k_slots, valid, positions, k_pos, cfg.sliding_window)
+      if not within_input:
+        mask_fn = lambda: layers.attention_mask(q_at, k_slots, valid, positions, k_pos, cfg.sliding_window)
 
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
@@ -363,7 +375,7 @@ class Decoder(nnx.Module):
       if layers.remat_name(cfg.remat) != "none" and cache is None:
         x, _ = layers.remat(lambda blk, h, p: blk(h, p, inv_freq, mask_fn), cfg.remat)(block, x, positions)
       else:
-        x, kv = block(x, positions, inv_freq, mask_fn, kv, index)
+        x, kv = block(x, positions, inv_freq, mask_fn, kv, index, within_input)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])

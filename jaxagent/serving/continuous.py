@@ -192,7 +192,8 @@ class ContinuousEngine:
 
   def _empty_cache(self, size: int):
     cache = self.policy.model.init_cache(self.max_batch, size)
-    return dataclasses.replace(cache, index=jnp.zeros((self.max_batch,), jnp.int32))
+    # rows are copied in (`_insert`), then one token a row a step: never a prefill into the slot cache itself
+    return dataclasses.replace(cache, index=jnp.zeros((self.max_batch,), jnp.int32), empty=False)
 
   def _run(self) -> None:
     b = self.max_batch

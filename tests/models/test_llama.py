@@ -1,5 +1,8 @@
 """Decoder behaviour that parity tests do not pin down: cache protocol, padding, remat, dtypes, configs."""
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +62,28 @@ def test_padded_prefill_then_decode_continues_each_row_at_its_length(model):
     alone = run(model, jnp.concatenate([prompt, nxt[row:row + 1]], 1))[0, -1]
     np.testing.assert_allclose(logits[row, 0], alone, rtol=1e-5, atol=1e-5)
   assert cache.lengths.tolist() == [5, 8]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_prefill_into_an_empty_cache_attends_within_itself_as_over_the_whole_cache(model, side):
+  """`init_cache`'s cache is `empty`: a prompt written to it attends within itself (the self-attention paths);
+  the same cache marked not empty makes it attend over the whole buffer. Same logits, same continuation."""
+  ids = _ids(2, 9, seed=6)
+  at = jnp.arange(9)[None]
+  mask = (at >= jnp.asarray([[3], [0]])) if side == "left" else (at < jnp.asarray([[6], [9]]))
+  fresh = model.init_cache(2, 12)
+  whole = dataclasses.replace(fresh, empty=False)
+  own, own_cache = run(model, ids, attention_mask=mask, cache=fresh)
+  over, over_cache = run(model, ids, attention_mask=mask, cache=whole)
+  valid = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(own)[valid], np.asarray(over)[valid], rtol=1e-5, atol=1e-5)
+  assert fresh.empty and not own_cache.empty and int(own_cache.index) == 9
+  scores = lambda cache: re.findall(r"\[[\d,]*9,12\]", str(jax.make_jaxpr(
+      lambda m, c: m(ids, attention_mask=mask, cache=c))(model, cache)))  # [..., T, L]: queries over the buffer
+  assert scores(whole) and not scores(fresh)
+  nxt = _ids(2, 1, seed=7)
+  np.testing.assert_allclose(run(model, nxt, cache=own_cache)[0], run(model, nxt, cache=over_cache)[0],
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_sliding_window_limits_attention(model):
