@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from jaxagent.models import sampler
-from jaxagent.serving.engine import Engine, GenerationRequest, GenerationResult, RequestError, _Prepared
+from jaxagent.serving.engine import Engine, GenerationRequest, GenerationResult, RequestError, _Prepared, prompt_bucket
 
 TOP_LOGPROBS = 20  # alternatives kept per token (OpenAI's limit for top_logprobs)
 TokenCallback = Callable[[int, float, str], None]  # (token id, logprob, text delta)
@@ -240,7 +240,7 @@ class ContinuousEngine:
 
   def _admit(self, slot: _Slot, row: int, cache):
     p, policy = slot.prepared, self.policy
-    width = min(max(64, 1 << (len(p.ids) - 1).bit_length()), cache.max_len - p.request.max_tokens)
+    width = min(prompt_bucket(len(p.ids)), cache.max_len - p.request.max_tokens)
     ids = np.full((1, width), policy.pad_id, np.int32)
     ids[0, :len(p.ids)] = p.ids
     mask = np.zeros((1, width), bool)

@@ -2,9 +2,9 @@
 
 Rendering follows training exactly: chat messages go through the tokenizer's chat template (the template the
 IL data was rendered with), each `<image>` placeholder expands to the model's `num_image_tokens` image-token
-ids, and images are preprocessed as the IL pipeline does. Shapes are bucketed to powers of two (rows up to
-`max_batch`, prompt length from 64, new tokens from 16, images from 1) so a server compiles a handful of
-programs, not one per request; padded rows are one-token prompts whose output is dropped.
+ids, and images are preprocessed as the IL pipeline does. Shapes are bucketed (rows and images to powers of two,
+prompt length to quarter octaves from 64 (`prompt_bucket`), new tokens to multiples of 32) so a server compiles a
+handful of programs, not one per request; padded rows are one-token prompts whose output is dropped.
 
 Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
 sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
@@ -76,6 +76,16 @@ class _Prepared:
 
 def _pow2(n: int, floor: int) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def prompt_bucket(n: int, floor: int = 64) -> int:
+  """Prompt width compiled for a longest prompt of `n` tokens: multiples of 64 up to 512, then four an octave
+  (2,666 → 3,072, not 4,096). The prefill's cost grows with the width, and an agent's prompts (a page each step)
+  spread over every length: a power of two pads the benchmark's mean prompt by 54 %, a quarter octave pads any
+  prompt over 512 tokens by under 25 %, for four compilations an octave where a power of two had one."""
+  n = max(int(n), floor)
+  step = max(floor, 1 << max(0, (n - 1).bit_length() - 3))
+  return -(-n // step) * step
 
 
 def _decode_bucket(n: int) -> int:
@@ -209,7 +219,7 @@ class Engine:
     temperature, top_p, top_k = key
     policy = self.policy
     rows = _pow2(len(batch), 1)
-    width = _pow2(max(len(p.ids) for p in batch), 64)
+    width = prompt_bucket(max(len(p.ids) for p in batch))
     new = min(_decode_bucket(max(p.request.max_tokens for p in batch)), _decode_bucket(self.max_new_tokens))
     config = sampler.SamplingConfig(max_new_tokens=new, temperature=temperature, top_p=top_p, top_k=top_k,
                                     eos_ids=policy.eos_ids, pad_id=policy.pad_id)

@@ -1,4 +1,5 @@
-"""`Engine` batching details that the HTTP tests do not see: the decode budget each sampler call compiles."""
+"""`Engine` batching details that the HTTP tests do not see: the prompt width and decode budget each sampler call
+compiles."""
 
 from jaxagent.serving import engine as engine_lib
 from jaxagent.serving.checkpoint import random_policy
@@ -13,3 +14,17 @@ def test_decode_budget_is_the_request_rounded_up_to_32_tokens():
   out = eng.generate([engine_lib.GenerationRequest(prompt="hello", max_tokens=160, temperature=2.0)])[0]
   assert out.completion_tokens <= 160
   assert {shape[2] for shape in eng._shapes} == {160}  # pylint: disable=protected-access
+
+
+def test_prompt_width_is_a_quarter_octave_above_512_tokens():
+  widths = [engine_lib.prompt_bucket(n) for n in range(1, 8193)]
+  assert widths[:64] == [64] * 64 and engine_lib.prompt_bucket(2666) == 3072
+  assert all(w >= n and w % 64 == 0 for n, w in enumerate(widths, 1))
+  assert all(w <= 1.25 * n for n, w in enumerate(widths, 1) if n > 512)  # a power of two pads up to 2x
+  for octave in (1024, 2048, 4096):  # four compiled widths an octave
+    assert len({engine_lib.prompt_bucket(n) for n in range(octave + 1, 2 * octave + 1)}) == 4
+  eng = engine_lib.Engine(random_policy("decoder", num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128),
+                          max_batch=1, max_new_tokens=8)
+  out = eng.generate([engine_lib.GenerationRequest(prompt="x " * 300, max_tokens=8, temperature=0.0)])[0]
+  widths = {shape[1] for shape in eng._shapes}  # pylint: disable=protected-access
+  assert out.prompt_tokens > 512 and widths == {engine_lib.prompt_bucket(out.prompt_tokens)}
