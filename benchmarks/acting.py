@@ -12,6 +12,8 @@ token (float32 on both sides; a different token is reported, not an error: near-
   python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
+The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
+at the matmul rate measured in the same run, a floor no batch size lowers, since the prefill's work grows with rows.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from jaxagent.agents.webrl import WebRL
 from jaxagent.envs.sites import bench, expert
 from jaxagent.envs.sites.text_env import SiteTextEnv
+from jaxagent.models import flops
 from jaxagent.models.hf import gguf
 from jaxagent.pipeline.policy import ModelPolicy
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.serving.engine import GenerationRequest
+from jaxagent.train import mfu
 from jaxagent.types import Step
 
 
@@ -63,6 +67,12 @@ def benchmark_prompts(policy: ModelPolicy, n: int) -> list[str]:
         if done:
           break
   return prompts
+
+
+def prefill_flops(cfg, tokens: int) -> float:
+  """A prompt's prefill in the weights and the causal attention, its logits at the last token only."""
+  head = 2.0 * cfg.vocab_size * cfg.hidden_size
+  return tokens * (flops.decoder_flops_per_token(cfg, tokens, training=False) - head) + head
 
 
 def _batches(items: list, size: int) -> list[list]:
@@ -142,6 +152,9 @@ def main(argv=None) -> dict:
          "model": hf_dir, "decisions": len(prompts), "max_tokens": args.max_tokens,
          "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
          "ours": {str(b): measure_ours(policy, prompts, b) for b in sizes}}
+  rate = mfu.measured_matmul_flops(n=2048)
+  floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
+  out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
   if args.torch:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(os.cpu_count() or 1)
@@ -155,12 +168,13 @@ def main(argv=None) -> dict:
   one = out["ours"][str(sizes[0])]
   print(f"SmolLM2-135M acting on {len(prompts)} benchmark prompts ({out['prompt_tokens']['mean']:.0f} tokens on "
         f"average, {out['prompt_tokens']['max']} at most), up to {args.max_tokens} new tokens, greedy; "
-        f"{out['machine']['processor']}, {out['machine']['cpu_count']} cores")
+        f"{out['machine']['processor']}, {out['machine']['cpu_count']} cores; the prefill alone at the measured "
+        f"{rate / 1e9:.0f} GFLOP/s: {floor:.2f} s a decision")
   for b in sizes:
     r = out["ours"][str(b)]
     line = (f"  batch {b}: {r['seconds_per_decision']:.2f} s a decision, {r['decisions_per_s']:.2f} decisions/s "
             f"({r['decisions_per_s'] / one['decisions_per_s']:.2f}x batch {sizes[0]}; first pass "
-            f"{r['first_pass_seconds']:.1f} s)")
+            f"{r['first_pass_seconds']:.1f} s; {r['seconds_per_decision'] / floor:.2f}x the prefill's floor)")
     if args.torch:
       t = out["torch"][str(b)]
       line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
