@@ -296,7 +296,9 @@ def test_a_driver_joins_a_cluster_through_ray_client(ray_head, tmp_path):
   assert out["ids"] == ["t0", "t1", "t2", "t3"] and out["status"] == ["completed"] * 4
   assert out["attempts"] == [1, 2, 1, 1], "the episode whose actor died ran again"
   assert out["sessions"] == [head.pid] * 2, "the actors are the cluster's processes, not the driver's"
-  assert not _left(out["marker"]), "a process of the driver's pool outlived it"
+  # Through the Ray client an actor's kill goes proxy -> GCS -> the head's raylet; on a loaded 2-core machine the
+  # sweep came later than the 5 s a local pool waits (CI, 2026-11-30), so it gets 30 s.
+  assert not _left(out["marker"], within=30.0), "a process of the driver's pool outlived it"
 
 
 def test_a_client_connection_the_server_aborts_is_retried(monkeypatch):
