@@ -139,6 +139,7 @@ def test_select_option_by_text(env, site):
   assert _status(env) == "size m"
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_link_navigation_back_and_forward(env, site):
   obs = env.reset(_task(site))
   obs, *_ = env.step(Action(ActionKind.CLICK, element=_index(obs, "Next page")))

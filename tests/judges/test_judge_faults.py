@@ -104,6 +104,7 @@ BAD_ENTRIES = [b"[]", b'["content", "x"]', b"{}", b'{"prompt_tokens": 3}', b'{"c
                b"\xff\xfe\x00garbage", b'{"content": ""}', b'{"content": "As an AI language model I"}']
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_wrong_shape_cache_files_are_misses_and_replaced(tmp_path, caplog):
   with FaultServer() as server:
     pair = _wv(0, "correct", tmp_path)

@@ -77,6 +77,7 @@ def test_logit_ids_and_offset_pick_columns_later_in_the_reply(loaded):
   np.testing.assert_allclose(out["logits"][0], full[at + 2, pick], atol=1e-5)
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_scores_do_not_depend_on_the_batch_around_a_sample(loaded):
   items = [LONG, MID, SHORT]
   lengths = [len(conversation.tokenize(x, loaded.tokenizer, 1)[0]) for x in items]

@@ -44,6 +44,7 @@ def test_a_placed_policy_generates_what_one_device_does(kind):
   assert four == one and all(one)
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_load_policy_restores_onto_the_mesh(tmp_path):
   export = export_policy(random_policy("decoder", seed=3), str(tmp_path / "export"))
   one = load_policy(export)

@@ -113,6 +113,7 @@ def test_the_previous_token_heads_are_scored_on_the_token_before_each_past_the_l
   np.testing.assert_allclose(float(metrics["previous_attention"]), expect, rtol=1e-5)
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_readout_adds_the_heads_cross_entropy_on_the_source_token():
   model, batch = _model(), _batch()
   offsets = np.zeros_like(batch["input_ids"])
@@ -155,6 +156,7 @@ def test_copy_heads_make_value_then_output_a_scaled_projection():
   np.testing.assert_allclose(o[3], np.asarray(_model().layers[1].self_attn.o_proj.kernel.get_value())[3])
 
 
+@pytest.mark.slow  # over 2 s alone
 def test_span_heads_are_scored_on_the_mean_log_attention_over_the_names_tokens():
   model, batch = _model(), _batch()
   probs, xs = _attention_probs(model, 0, batch)
