@@ -19,12 +19,14 @@ at the matmul rate measured in the same run, a floor no batch size lowers, since
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -44,29 +46,50 @@ from jaxagent.train import mfu
 from jaxagent.types import Step
 
 
-def benchmark_prompts(policy: ModelPolicy, n: int) -> list[str]:
-  """`n` prompts `policy` reads while the scripted expert plays headline intents on the text backend."""
+def episode_prompts(policy: ModelPolicy) -> Iterator[list[str]]:
+  """Each episode's prompts, in order, that `policy` reads while the scripted expert plays headline intents on the
+  text backend (one a family in turn)."""
   tasks = bench.tasks_for("text/headline@2")
   by_family: dict[str, list] = {}
   for task in tasks:
     by_family.setdefault(task.meta["family"], []).append(task)
   order = [t for group in zip(*by_family.values()) for t in group]  # one a family in turn
   guide = expert.ScriptedExpert("webrl")
-  prompts: list[str] = []
   with SiteTextEnv(profile="text", oracle_targets=True) as env:
     for task in order:
-      obs, history = env.reset(task), []
+      obs, history, prompts = env.reset(task), [], []
       for k in range(task.max_steps):
         prompts.append(policy.prompt(obs, history)[0])
-        if len(prompts) == n:
-          return prompts
         text = guide.act([obs], [history])[0]
         action = guide.fmt.parse(text)
         history.append(Step(step=k, action_text=text, action=action))
         obs, _, done, _ = env.step(action)
         if done:
           break
-  return prompts
+      yield prompts
+
+
+def benchmark_prompts(policy: ModelPolicy, n: int) -> list[str]:
+  """The first `n` prompts of `episode_prompts`."""
+  prompts: list[str] = []
+  for episode in episode_prompts(policy):
+    prompts += episode
+    if len(prompts) >= n:
+      break
+  return prompts[:n]
+
+
+def shared_prefix(policy: ModelPolicy, intents: int) -> dict:
+  """How many of a step's prompt tokens the episode's previous prompt began with: what a prefix cache could skip."""
+  shared, tokens = [], []
+  for episode in itertools.islice(episode_prompts(policy), intents):
+    ids = [policy.engine.prepare(GenerationRequest(prompt=p, max_tokens=1)).ids for p in episode]
+    for prev, cur in zip(ids, ids[1:]):
+      n = min(len(prev), len(cur))
+      shared.append(next((i for i in range(n) if prev[i] != cur[i]), n))
+      tokens.append(len(cur))
+  return {"intents": intents, "steps": len(tokens), "mean_tokens": float(np.mean(tokens)),
+          "mean_shared": float(np.mean(shared)), "fraction": float(np.sum(shared) / np.sum(tokens))}
 
 
 def prefill_flops(cfg, tokens: int) -> float:
@@ -138,6 +161,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most a reply")
   parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
   parser.add_argument("--torch", action="store_true", help="also PyTorch + transformers `generate`, same run")
+  parser.add_argument("--prefix-intents", type=int, default=24,
+                      help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
   args = parser.parse_args(argv)
   sizes = [int(b) for b in args.batches.split(",")]
@@ -155,6 +180,8 @@ def main(argv=None) -> dict:
   rate = mfu.measured_matmul_flops(n=2048)
   floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
   out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
+  if args.prefix_intents:
+    out["shared_prefix"] = shared_prefix(policy, args.prefix_intents)
   if args.torch:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(os.cpu_count() or 1)
@@ -180,6 +207,11 @@ def main(argv=None) -> dict:
       line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
                f"{r['same_reply_as_torch']} of {len(prompts)} replies the same tokens")
     print(line)
+  if "shared_prefix" in out:
+    sp = out["shared_prefix"]
+    print(f"  a step's prompt begins with {sp['mean_shared']:.0f} of its {sp['mean_tokens']:.0f} tokens as the "
+          f"episode's previous one did ({sp['fraction']:.0%}; {sp['steps']} steps of {sp['intents']} intents): "
+          f"the most a prefix cache skips")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(out, f, indent=2)
