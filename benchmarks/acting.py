@@ -9,7 +9,7 @@ first `--decisions` prompts are answered greedily with up to `--max-tokens` new 
 each side after one untimed pass over the same batches (compilation, caches). Greedy replies are compared token by
 token (float32 on both sides; a different token is reported, not an error: near-ties may round apart).
 
-  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--json out.json]
+  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--continuous] [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
 The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
@@ -41,6 +41,7 @@ from jaxagent.models import flops
 from jaxagent.models.hf import gguf
 from jaxagent.pipeline.policy import ModelPolicy
 from jaxagent.serving.checkpoint import load_policy
+from jaxagent.serving.continuous import ContinuousEngine
 from jaxagent.serving.engine import GenerationRequest
 from jaxagent.train import mfu
 from jaxagent.types import Step
@@ -119,6 +120,33 @@ def measure_ours(policy: ModelPolicy, prompts: list[str], batch: int) -> dict:
           "median_batch_s": statistics.median(times), "tokens": tokens}
 
 
+def measure_continuous(policy: ModelPolicy, prompts: list[str], batch: int, max_tokens: int) -> dict:
+  """`batch` prompts submitted at once to the server's engine (`serving.continuous`): each prefilled alone at its
+  own width, then decoded together."""
+  engine = ContinuousEngine(policy.engine, max_batch=batch)
+  requests = [GenerationRequest(prompt=p, **dict(policy.sampling, max_tokens=max_tokens, temperature=0.0))
+              for p in prompts]  # as `ModelPolicy.generate` asks its engine
+
+  def run(rows):
+    return [f.result() for f in [engine.submit(r) for r in rows]]
+
+  try:
+    t0 = time.perf_counter()
+    for b in _batches(requests, batch):
+      run(b)
+    warm = time.perf_counter() - t0
+    times, tokens = [], []
+    for b in _batches(requests, batch):
+      t0 = time.perf_counter()
+      tokens += [list(r.tokens) for r in run(b)]
+      times.append(time.perf_counter() - t0)
+  finally:
+    engine.close()
+  return {"batch": batch, "decisions": len(prompts), "seconds": sum(times), "first_pass_seconds": warm,
+          "seconds_per_decision": sum(times) / len(prompts), "decisions_per_s": len(prompts) / sum(times),
+          "median_batch_s": statistics.median(times), "tokens": tokens}
+
+
 def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: int, eos: list[int], pad: int) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -161,6 +189,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most a reply")
   parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
   parser.add_argument("--torch", action="store_true", help="also PyTorch + transformers `generate`, same run")
+  parser.add_argument("--continuous", action="store_true",
+                      help="also the server's continuous engine (each row prefilled at its own width), same run")
   parser.add_argument("--prefix-intents", type=int, default=24,
                       help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
@@ -180,6 +210,11 @@ def main(argv=None) -> dict:
   rate = mfu.measured_matmul_flops(n=2048)
   floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
   out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
+  if args.continuous:
+    out["continuous"] = {str(b): measure_continuous(policy, prompts, b, args.max_tokens) for b in sizes}
+    for b in sizes:
+      c = out["continuous"][str(b)]
+      c["same_reply_as_ours"] = sum(a == r for a, r in zip(c["tokens"], out["ours"][str(b)]["tokens"]))
   if args.prefix_intents:
     out["shared_prefix"] = shared_prefix(policy, args.prefix_intents)
   if args.torch:
@@ -206,6 +241,10 @@ def main(argv=None) -> dict:
       t = out["torch"][str(b)]
       line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
                f"{r['same_reply_as_torch']} of {len(prompts)} replies the same tokens")
+    if args.continuous:
+      c = out["continuous"][str(b)]
+      line += (f"; continuous engine {c['seconds_per_decision']:.2f} s a decision "
+               f"({c['same_reply_as_ours']} of {len(prompts)} replies the same tokens)")
     print(line)
   if "shared_prefix" in out:
     sp = out["shared_prefix"]
