@@ -103,21 +103,27 @@ def _batches(items: list, size: int) -> list[list]:
   return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def measure_ours(policy: ModelPolicy, prompts: list[str], batch: int) -> dict:
-  batches = _batches([(p, []) for p in prompts], batch)
+def _timed(run, items: list, batch: int) -> dict:
+  """`run(rows)` → each row's reply tokens, over `items` in batches of `batch`: one untimed pass (compilation,
+  caches), then the timed one."""
+  batches = _batches(items, batch)
   t0 = time.perf_counter()
-  for b in batches:  # the untimed pass: one compilation per shape
-    policy.generate(b)
+  for b in batches:
+    run(b)
   warm = time.perf_counter() - t0
   times, tokens = [], []
   for b in batches:
     t0 = time.perf_counter()
-    out = policy.generate(b)
+    tokens += run(b)
     times.append(time.perf_counter() - t0)
-    tokens += [list(getattr(o, "reply_ids", [])) for o in out]
-  return {"batch": batch, "decisions": len(prompts), "seconds": sum(times), "first_pass_seconds": warm,
-          "seconds_per_decision": sum(times) / len(prompts), "decisions_per_s": len(prompts) / sum(times),
+  return {"batch": batch, "decisions": len(items), "seconds": sum(times), "first_pass_seconds": warm,
+          "seconds_per_decision": sum(times) / len(items), "decisions_per_s": len(items) / sum(times),
           "median_batch_s": statistics.median(times), "tokens": tokens}
+
+
+def measure_ours(policy: ModelPolicy, prompts: list[str], batch: int) -> dict:
+  return _timed(lambda rows: [list(getattr(o, "reply_ids", [])) for o in policy.generate(rows)],
+                [(p, []) for p in prompts], batch)
 
 
 def measure_continuous(policy: ModelPolicy, prompts: list[str], batch: int, max_tokens: int) -> dict:
@@ -128,23 +134,12 @@ def measure_continuous(policy: ModelPolicy, prompts: list[str], batch: int, max_
               for p in prompts]  # as `ModelPolicy.generate` asks its engine
 
   def run(rows):
-    return [f.result() for f in [engine.submit(r) for r in rows]]
+    return [list(f.result().tokens) for f in [engine.submit(r) for r in rows]]
 
   try:
-    t0 = time.perf_counter()
-    for b in _batches(requests, batch):
-      run(b)
-    warm = time.perf_counter() - t0
-    times, tokens = [], []
-    for b in _batches(requests, batch):
-      t0 = time.perf_counter()
-      tokens += [list(r.tokens) for r in run(b)]
-      times.append(time.perf_counter() - t0)
+    return _timed(run, requests, batch)
   finally:
     engine.close()
-  return {"batch": batch, "decisions": len(prompts), "seconds": sum(times), "first_pass_seconds": warm,
-          "seconds_per_decision": sum(times) / len(prompts), "decisions_per_s": len(prompts) / sum(times),
-          "median_batch_s": statistics.median(times), "tokens": tokens}
 
 
 def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: int, eos: list[int], pad: int) -> dict:
@@ -168,19 +163,7 @@ def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: in
       replies.append(row if end is None else row[:end + 1])
     return replies
 
-  batches = _batches(ids, batch)
-  t0 = time.perf_counter()
-  for b in batches:
-    run(b)
-  warm = time.perf_counter() - t0
-  times, tokens = [], []
-  for b in batches:
-    t0 = time.perf_counter()
-    tokens += run(b)
-    times.append(time.perf_counter() - t0)
-  return {"batch": batch, "decisions": len(ids), "seconds": sum(times), "first_pass_seconds": warm,
-          "seconds_per_decision": sum(times) / len(ids), "decisions_per_s": len(ids) / sum(times),
-          "median_batch_s": statistics.median(times), "tokens": tokens}
+  return _timed(run, ids, batch)
 
 
 def main(argv=None) -> dict:
