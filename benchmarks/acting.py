@@ -9,7 +9,8 @@ first `--decisions` prompts are answered greedily with up to `--max-tokens` new 
 each side after one untimed pass over the same batches (compilation, caches). Greedy replies are compared token by
 token (float32 on both sides; a different token is reported, not an error: near-ties may round apart).
 
-  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--continuous] [--json out.json]
+  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--padded] [--continuous]
+      [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
 The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
@@ -42,7 +43,7 @@ from jaxagent.models.hf import gguf
 from jaxagent.pipeline.policy import ModelPolicy
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.serving.continuous import ContinuousEngine
-from jaxagent.serving.engine import GenerationRequest
+from jaxagent.serving.engine import Engine, GenerationRequest
 from jaxagent.train import mfu
 from jaxagent.types import Step
 
@@ -174,6 +175,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--torch", action="store_true", help="also PyTorch + transformers `generate`, same run")
   parser.add_argument("--continuous", action="store_true",
                       help="also the server's continuous engine (each row prefilled at its own width), same run")
+  parser.add_argument("--padded", action="store_true",
+                      help="also the engine with one padded prefill a batch (`prefill=\"batch\"`, the path before "
+                           "rows were prefilled at their own widths), same run")
   parser.add_argument("--prefix-intents", type=int, default=24,
                       help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
@@ -198,6 +202,13 @@ def main(argv=None) -> dict:
     for b in sizes:
       c = out["continuous"][str(b)]
       c["same_reply_as_ours"] = sum(a == r for a, r in zip(c["tokens"], out["ours"][str(b)]["tokens"]))
+  if args.padded:
+    padded = ModelPolicy(loaded, WebRL(), Engine(loaded, max_batch=max(sizes), max_new_tokens=args.max_tokens,
+                                                 prefill="batch"), temperature=0.0, max_tokens=args.max_tokens)
+    out["padded"] = {str(b): measure_ours(padded, prompts, b) for b in sizes}
+    for b in sizes:
+      p = out["padded"][str(b)]
+      p["same_reply_as_ours"] = sum(a == r for a, r in zip(p["tokens"], out["ours"][str(b)]["tokens"]))
   if args.prefix_intents:
     out["shared_prefix"] = shared_prefix(policy, args.prefix_intents)
   if args.torch:
@@ -224,6 +235,10 @@ def main(argv=None) -> dict:
       t = out["torch"][str(b)]
       line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
                f"{r['same_reply_as_torch']} of {len(prompts)} replies the same tokens")
+    if args.padded:
+      p = out["padded"][str(b)]
+      line += (f"; one padded prefill {p['seconds_per_decision']:.2f} s a decision: rows "
+               f"{p['seconds'] / r['seconds']:.2f}x ({p['same_reply_as_ours']} of {len(prompts)} the same tokens)")
     if args.continuous:
       c = out["continuous"][str(b)]
       line += (f"; continuous engine {c['seconds_per_decision']:.2f} s a decision "

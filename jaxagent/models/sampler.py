@@ -12,7 +12,9 @@ Prompts may be padded on either side (`prompt_mask` marks real tokens); each row
 last real token, so its first generated token is `tokens[:, 0]` whatever its prompt length. Generation
 stops per row at an EOS id (the EOS is kept and counted in `lengths`; later slots hold `pad_id`) and for
 the batch when every row stopped or `max_new_tokens` is reached. Stop *strings* are applied on the host
-after decoding (`truncate_at_stop`, used by `generate`).
+after decoding (`truncate_at_stop`, used by `generate`). `sample_rows` prefills the rows one at a time, each at
+its own width, then runs the same decode: for prompts of very different lengths, where one padded prefill pays
+every row at the longest width.
 
 `logprobs` are log π(token | prefix) under the model's own distribution at temperature 1, i.e.
 `log_softmax(logits)[token]` before temperature / top-k / top-p (what the OpenAI API reports);
@@ -23,6 +25,7 @@ applied; 0 when greedy): the behaviour policy an importance ratio divides by.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -114,15 +117,20 @@ def decode_pad_rows(batch: int) -> int:
 def _sample(model, prompt_ids, prompt_embeds, prompt_mask, rng, temperature, config: SamplingConfig,
             pad_rows: int = 0) -> SampleOutput:
   b, t = prompt_mask.shape
-  n = config.max_new_tokens
   prompt_mask = prompt_mask.astype(bool)
-  cache = model.init_cache(b, t + n, config.cache_dtype)
+  cache = model.init_cache(b, t + config.max_new_tokens, config.cache_dtype)
   if prompt_embeds is None:
     hidden, cache = model.hidden_states(prompt_ids, attention_mask=prompt_mask, cache=cache)
   else:
     hidden, cache = model.hidden_states(inputs_embeds=prompt_embeds, attention_mask=prompt_mask, cache=cache)
   last = t - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=1)  # each row's last real token, either padding side
   logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+  return _decode(model, cache, logits, rng, temperature, config, pad_rows)
+
+
+def _decode(model, cache, logits, rng, temperature, config: SamplingConfig, pad_rows: int = 0) -> SampleOutput:
+  """The first token from the prompts' last logits [B, V], then the decode loop over the prefilled `cache`."""
+  b, n = logits.shape[0], config.max_new_tokens
   rng, key = jax.random.split(rng)
   token, logprob, sampled = _choose(logits, key, config, temperature)
   tokens = jnp.full((b, n), config.pad_id, jnp.int32).at[:, 0].set(token)
@@ -181,6 +189,59 @@ def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: 
   static = dataclasses.replace(config, temperature=float(config.temperature > 0))
   pad_rows = decode_pad_rows(prompt_mask.shape[0]) if pad_rows is None else int(pad_rows)
   return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, jnp.float32(config.temperature), static, pad_rows)
+
+
+@functools.partial(jax.jit, static_argnames=("cache_dtype",))
+def _prefill_row(model, ids, mask, cache_dtype):
+  """One prompt [1, w] (right-padded) through a cache of its own width: its last real token's logits [1, V]."""
+  cache = model.init_cache(1, ids.shape[1], cache_dtype)
+  hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
+  last = jnp.sum(mask, axis=1, dtype=jnp.int32) - 1
+  return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]), cache
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _put_row(cache, row_cache, row):
+  """`row_cache` (batch 1, width w) written into row `row`, slots [0, w), of the batch's cache."""
+  def put(big, small):
+    return jax.lax.dynamic_update_slice(big, small.astype(big.dtype), (row,) + (0,) * (big.ndim - 1))
+  return dataclasses.replace(cache, k=tuple(map(put, cache.k, row_cache.k)), v=tuple(map(put, cache.v, row_cache.v)),
+                             valid=put(cache.valid, row_cache.valid),
+                             positions=put(cache.positions, row_cache.positions))
+
+
+_decode_jit = jax.jit(_decode, static_argnames=("config", "pad_rows"))
+
+
+def sample_rows(model, prompts: Sequence[np.ndarray], masks: Sequence[np.ndarray],
+                config: SamplingConfig = SamplingConfig(), *, rng: jax.Array | None = None,
+                pad_rows: int | None = None) -> SampleOutput:
+  """`sample` on a batch whose rows are prefilled one at a time, each at its own width, then decoded together.
+
+  prompts[r] / masks[r]: row r's ids and mask [1, w_r], real tokens first. A batch's prompts spread over every
+  length (an agent's pages), and a batched prefill pads each row to the longest: its cost grows with the rows
+  times the longest width, while one row at a time costs the sum of the rows' own widths, and the prefill is what
+  acting pays on a CPU. Each row's cache then holds exactly what the right-padded batch's would (its prompt's
+  keys, the rest of the row invalid), so the decode and its sampling keys are `sample`'s.
+  Requires `llama.KVCache` (the decoders'); compiled per row width, not per batch's mix of widths.
+  """
+  if len(prompts) != len(masks) or not prompts:
+    raise ValueError(f"sample_rows: {len(prompts)} prompts and {len(masks)} masks; need one mask per prompt, ≥ 1")
+  width = max(int(np.shape(m)[1]) for m in masks)
+  rng = jax.random.key(0) if rng is None else rng
+  static = dataclasses.replace(config, temperature=float(config.temperature > 0))
+  cache = model.init_cache(len(prompts), width + config.max_new_tokens, config.cache_dtype)
+  logits = []
+  for r, (ids, mask) in enumerate(zip(prompts, masks)):
+    mask = jnp.asarray(mask, bool)
+    if not bool(jnp.any(mask)):
+      raise ValueError(f"sample_rows: row {r}'s mask has no real token")
+    row_logits, row_cache = _prefill_row(model, jnp.asarray(ids, jnp.int32), mask, config.cache_dtype)
+    cache = _put_row(cache, row_cache, jnp.int32(r))
+    logits.append(row_logits)
+  cache = dataclasses.replace(cache, index=jnp.int32(width), empty=False)
+  pad_rows = decode_pad_rows(len(prompts)) if pad_rows is None else int(pad_rows)
+  return _decode_jit(model, cache, jnp.concatenate(logits), rng, jnp.float32(config.temperature), static, pad_rows)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -4,7 +4,10 @@ Rendering follows training exactly: chat messages go through the tokenizer's cha
 IL data was rendered with), each `<image>` placeholder expands to the model's `num_image_tokens` image-token
 ids, and images are preprocessed as the IL pipeline does. Shapes are bucketed (rows and images to powers of two,
 prompt length to quarter octaves from 64 (`prompt_bucket`), new tokens to multiples of 32) so a server compiles a
-handful of programs, not one per request; padded rows are one-token prompts whose output is dropped.
+handful of programs, not one per request; padded rows are one-token prompts whose output is dropped. A decoder
+batch of long prompts of different widths is prefilled a row at a time, each at its own width, then decoded
+together (`prefill="rows"`, the default; `sampler.sample_rows`): the same tokens, without paying every row at the
+longest width. `prefill="batch"` keeps one padded prefill.
 
 Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
 sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
@@ -74,6 +77,10 @@ class _Prepared:
   pixels: np.ndarray | None  # [n, S, S, 3] preprocessed
 
 
+PREFILL_MODES = ("rows", "batch")
+ROW_PREFILL_MIN_WIDTH = 512  # below it a prefill costs less than the calls a row at a time adds
+
+
 def _pow2(n: int, floor: int) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
@@ -104,9 +111,12 @@ class Engine:
   """Batched generation over a `LoadedModel`. Thread-safe: concurrent `generate` calls run one at a time."""
 
   def __init__(self, policy: LoadedModel, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
-               max_new_tokens: int = 512, seed: int = 0):
+               max_new_tokens: int = 512, seed: int = 0, prefill: str = "rows"):
     if max_batch < 1:
       raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
+    if prefill not in PREFILL_MODES:
+      raise ValueError(f"Engine.prefill={prefill!r}; expected one of {PREFILL_MODES}")
+    self.prefill = prefill
     self.policy = policy
     self.max_batch = int(max_batch)
     self.max_prompt_tokens = int(max_prompt_tokens or policy.context_length)
@@ -213,7 +223,23 @@ class Engine:
       if n_img:
         images[:n_img] = np.concatenate(pix)
       return vlm.sample(policy.model, ids, mask, images, config, rng=rng), len(images)
+    if self._prefill_by_row(batch, ids.shape):
+      widths = [prompt_bucket(len(p.ids)) for p in batch] + [prompt_bucket(1)] * (len(ids) - len(batch))
+      with self._stats_lock:
+        self._stats["row_prefilled_batches"] += 1
+      return sampler.sample_rows(policy.model, [ids[r:r + 1, :w] for r, w in enumerate(widths)],
+                                 [mask[r:r + 1, :w] for r, w in enumerate(widths)], config, rng=rng), 0
     return sampler.sample(policy.model, ids, mask, config, rng=rng), 0
+
+  def _prefill_by_row(self, batch: list[_Prepared], shape: tuple[int, int]) -> bool:
+    """Whether this decoder batch is prefilled one row at a time (`sampler.sample_rows`): with `prefill="rows"`,
+    when its longest prompt is over `ROW_PREFILL_MIN_WIDTH` tokens and the rows' own widths sum to fewer tokens
+    than the padded batch holds. The batched prefill pays rows × the longest width; short prompts keep one call."""
+    rows, width = shape
+    if self.prefill != "rows" or self.policy.kind != "decoder" or rows == 1 or width < ROW_PREFILL_MIN_WIDTH:
+      return False
+    own = sum(prompt_bucket(len(p.ids)) for p in batch) + prompt_bucket(1) * (rows - len(batch))
+    return own < rows * width
 
   def _generate_batch(self, batch: list[_Prepared], key: tuple[float, float, int]) -> list[GenerationResult]:
     temperature, top_p, top_k = key

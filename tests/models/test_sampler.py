@@ -141,6 +141,32 @@ def test_a_padded_decode_row_changes_nothing(model, prompts, temperature):
   assert sampler.decode_pad_rows(2) == 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_rows_prefilled_alone_equal_the_padded_batch(model, prompts, temperature):
+  """`sample_rows` (each prompt prefilled at its own width, then one decode) gives the right-padded batch's
+  tokens, log-probs, lengths and sampled draws, an EOS stop included."""
+  ids, mask = prompts
+  ids, mask = np.asarray(ids), np.asarray(mask)
+  right = np.zeros_like(ids)
+  for r in range(len(ids)):  # the batch right-padded; each row alone at its own length
+    right[r, :mask[r].sum()] = ids[r][mask[r]]
+  right_mask = np.arange(ids.shape[1])[None] < mask.sum(1)[:, None]
+  config = sampler.SamplingConfig(max_new_tokens=N, temperature=temperature, top_k=20, pad_id=1)
+  free = np.asarray(sampler.sample(model, right, right_mask, config, rng=jax.random.key(7)).tokens)
+  config = dataclasses.replace(config, eos_ids=(int(free[0, N // 2]),))
+  batch = sampler.sample(model, right, right_mask, config, rng=jax.random.key(7))
+  n = mask.sum(1)
+  rows = sampler.sample_rows(model, [right[r:r + 1, :n[r]] for r in range(3)],
+                             [right_mask[r:r + 1, :n[r]] for r in range(3)], config, rng=jax.random.key(7))
+  np.testing.assert_array_equal(rows.tokens, batch.tokens)
+  np.testing.assert_array_equal(rows.lengths, batch.lengths)
+  assert int(batch.lengths[0]) <= N // 2 + 1  # the EOS stopped a row early
+  np.testing.assert_allclose(rows.logprobs, batch.logprobs, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(rows.sample_logprobs, batch.sample_logprobs, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="row 1's mask has no real token"):
+    sampler.sample_rows(model, [right[:1], right[1:2]], [right_mask[:1], np.zeros((1, 8), bool)], config)
+
+
 @pytest.mark.slow
 def test_filter_logits_top_p_and_top_k():
   logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3]]))

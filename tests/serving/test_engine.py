@@ -1,6 +1,9 @@
 """`Engine` batching details that the HTTP tests do not see: the prompt width and decode budget each sampler call
 compiles."""
 
+import numpy as np
+import pytest
+
 from jaxagent.serving import engine as engine_lib
 from jaxagent.serving.checkpoint import random_policy
 
@@ -28,3 +31,25 @@ def test_prompt_width_is_a_quarter_octave_above_512_tokens():
   out = eng.generate([engine_lib.GenerationRequest(prompt="x " * 300, max_tokens=8, temperature=0.0)])[0]
   widths = {shape[1] for shape in eng._shapes}  # pylint: disable=protected-access
   assert out.prompt_tokens > 512 and widths == {engine_lib.prompt_bucket(out.prompt_tokens)}
+
+
+@pytest.mark.slow
+def test_long_prompts_of_different_widths_are_prefilled_a_row_at_a_time():
+  """A decoder batch of long prompts of different widths takes `sampler.sample_rows` by default, with the padded
+  batch's tokens and sampled log-probs; short prompts, and `prefill="batch"`, keep one padded prefill."""
+  policy = random_policy("decoder", num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128)
+  requests = [engine_lib.GenerationRequest(prompt="x " * n, max_tokens=8, temperature=t)
+              for n in (700, 300, 1100) for t in (0.0, 1.0)]
+  results = {}
+  for mode in engine_lib.PREFILL_MODES:
+    eng = engine_lib.Engine(policy, max_batch=4, max_new_tokens=8, prefill=mode)
+    results[mode] = eng.generate(requests)
+    assert eng.stats().get("row_prefilled_batches", 0) == (2 if mode == "rows" else 0)  # one per temperature
+  for rows, batch in zip(results["rows"], results["batch"]):
+    assert rows.tokens == batch.tokens
+    np.testing.assert_allclose(rows.sample_logprobs, batch.sample_logprobs, rtol=1e-4, atol=1e-5)
+  eng = engine_lib.Engine(policy, max_batch=4, max_new_tokens=8)
+  eng.generate([engine_lib.GenerationRequest(prompt="x " * n, max_tokens=8) for n in (20, 200)])
+  assert "row_prefilled_batches" not in eng.stats()
+  with pytest.raises(ValueError, match="Engine.prefill='rowwise'"):
+    engine_lib.Engine(policy, prefill="rowwise")
