@@ -7,7 +7,8 @@ prompt length to quarter octaves from 64 (`prompt_bucket`), new tokens to multip
 handful of programs, not one per request; padded rows are one-token prompts whose output is dropped. A decoder
 batch of long prompts of different widths is prefilled a row at a time, each at its own width, then decoded
 together (`prefill="rows"`, the default; `sampler.sample_rows`): the same tokens, without paying every row at the
-longest width. `prefill="batch"` keeps one padded prefill.
+longest width; a prompt that begins as a recent one did (an episode's next step) prefills only what follows
+(`serving.prefix_cache`, `prefix_cache_bytes`, 0 = off). `prefill="batch"` keeps one padded prefill.
 
 Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
 sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
@@ -25,11 +26,13 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 
 from jaxagent.data import conversation
 from jaxagent.data.tokenizer import IMAGE_TOKEN
 from jaxagent.models import sampler
 from jaxagent.serving.checkpoint import LoadedModel
+from jaxagent.serving.prefix_cache import PrefixCache
 
 
 class RequestError(ValueError):
@@ -85,14 +88,7 @@ def _pow2(n: int, floor: int) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
-def prompt_bucket(n: int, floor: int = 64) -> int:
-  """Prompt width compiled for a longest prompt of `n` tokens: multiples of 64 up to 512, then four an octave
-  (2,666 → 3,072, not 4,096). The prefill's cost grows with the width, and an agent's prompts (a page each step)
-  spread over every length: a power of two pads the benchmark's mean prompt by 54 %, a quarter octave pads any
-  prompt over 512 tokens by under 25 %, for four compilations an octave where a power of two had one."""
-  n = max(int(n), floor)
-  step = max(floor, 1 << max(0, (n - 1).bit_length() - 3))
-  return -(-n // step) * step
+prompt_bucket = sampler.prompt_bucket  # the engines' prompt widths (quarter octaves above 512 tokens)
 
 
 def _decode_bucket(n: int) -> int:
@@ -111,12 +107,14 @@ class Engine:
   """Batched generation over a `LoadedModel`. Thread-safe: concurrent `generate` calls run one at a time."""
 
   def __init__(self, policy: LoadedModel, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
-               max_new_tokens: int = 512, seed: int = 0, prefill: str = "rows"):
+               max_new_tokens: int = 512, seed: int = 0, prefill: str = "rows",
+               prefix_cache_bytes: int = 1 << 30):
     if max_batch < 1:
       raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
     if prefill not in PREFILL_MODES:
       raise ValueError(f"Engine.prefill={prefill!r}; expected one of {PREFILL_MODES}")
     self.prefill = prefill
+    self._prefixes = PrefixCache(prefix_cache_bytes) if prefill == "rows" and prefix_cache_bytes > 0 else None
     self.policy = policy
     self.max_batch = int(max_batch)
     self.max_prompt_tokens = int(max_prompt_tokens or policy.context_length)
@@ -223,23 +221,54 @@ class Engine:
       if n_img:
         images[:n_img] = np.concatenate(pix)
       return vlm.sample(policy.model, ids, mask, images, config, rng=rng), len(images)
-    if self._prefill_by_row(batch, ids.shape):
-      widths = [prompt_bucket(len(p.ids)) for p in batch] + [prompt_bucket(1)] * (len(ids) - len(batch))
-      with self._stats_lock:
-        self._stats["row_prefilled_batches"] += 1
-      return sampler.sample_rows(policy.model, [ids[r:r + 1, :w] for r, w in enumerate(widths)],
-                                 [mask[r:r + 1, :w] for r, w in enumerate(widths)], config, rng=rng), 0
+    hits = self._cached_prefixes(batch)
+    if self._prefill_by_row(batch, ids.shape, hits):
+      return self._sample_rows(batch, hits, len(ids), config, rng), 0
     return sampler.sample(policy.model, ids, mask, config, rng=rng), 0
 
-  def _prefill_by_row(self, batch: list[_Prepared], shape: tuple[int, int]) -> bool:
+  def _cached_prefixes(self, batch: list[_Prepared]) -> list[tuple | None]:
+    """Each row's longest cached prefix (row cache, tokens), taken out of the prefix cache; None where none."""
+    if self._prefixes is None or self.policy.kind != "decoder":
+      return [None] * len(batch)
+    self._prefixes.check_weights(tuple(map(id, jax.tree.leaves(nnx.state(self.policy.model)))))
+    return [self._prefixes.take(p.ids) for p in batch]
+
+  def _prefill_by_row(self, batch: list[_Prepared], shape: tuple[int, int], hits: list[tuple | None]) -> bool:
     """Whether this decoder batch is prefilled one row at a time (`sampler.sample_rows`): with `prefill="rows"`,
-    when its longest prompt is over `ROW_PREFILL_MIN_WIDTH` tokens and the rows' own widths sum to fewer tokens
-    than the padded batch holds. The batched prefill pays rows × the longest width; short prompts keep one call."""
+    when a row continues a cached prefix, or when the longest prompt is over `ROW_PREFILL_MIN_WIDTH` tokens and
+    the rows' own widths sum to fewer tokens than the padded batch holds (the batched prefill pays rows × the
+    longest width); short prompts of one width keep one call."""
     rows, width = shape
-    if self.prefill != "rows" or self.policy.kind != "decoder" or rows == 1 or width < ROW_PREFILL_MIN_WIDTH:
+    if self.prefill != "rows" or self.policy.kind != "decoder":
+      return False
+    if any(hits):
+      return True
+    if rows == 1 or width < ROW_PREFILL_MIN_WIDTH:
       return False
     own = sum(prompt_bucket(len(p.ids)) for p in batch) + prompt_bucket(1) * (rows - len(batch))
     return own < rows * width
+
+  def _sample_rows(self, batch: list[_Prepared], hits: list[tuple | None], rows: int, config, rng):
+    """`sampler.sample_rows` over the batch (and its padding rows: one-token prompts), each row after its cached
+    prefix where it has one; every row's cache then goes into the prefix cache."""
+    pad = self.policy.pad_id
+    prompts, masks = [], []
+    for r in range(rows):
+      tokens = batch[r].ids[hits[r][1] if r < len(batch) and hits[r] else 0:] if r < len(batch) else [pad]
+      ids = np.full((1, prompt_bucket(len(tokens))), pad, np.int32)
+      ids[0, :len(tokens)] = tokens
+      prompts.append(ids)
+      masks.append(np.arange(ids.shape[1])[None] < len(tokens))
+    caches: list = []
+    out = sampler.sample_rows(self.policy.model, prompts, masks, config, rng=rng, row_caches=caches,
+                              prefixes=list(hits) + [None] * (rows - len(batch)))
+    if self._prefixes is not None:
+      for p, cache in zip(batch, caches):
+        self._prefixes.put(p.ids, cache)
+    with self._stats_lock:
+      self._stats["row_prefilled_batches"] += 1
+      self._stats["prefix_tokens_reused"] += sum(h[1] for h in hits if h)
+    return out
 
   def _generate_batch(self, batch: list[_Prepared], key: tuple[float, float, int]) -> list[GenerationResult]:
     temperature, top_p, top_k = key

@@ -167,6 +167,25 @@ def test_rows_prefilled_alone_equal_the_padded_batch(model, prompts, temperature
     sampler.sample_rows(model, [right[:1], right[1:2]], [right_mask[:1], np.zeros((1, 8), bool)], config)
 
 
+def test_a_row_continuing_a_cached_prefix_equals_the_whole_prompt(model):
+  """`sample_rows` with `prefixes`: a prompt whose first tokens an earlier prompt's row cache holds, prefilled
+  from there on, gives the tokens and log-probs of the whole prompt prefilled."""
+  rng = np.random.default_rng(1)
+  first = rng.integers(3, CFG.vocab_size, size=(1, 12)).astype(np.int32)
+  second = np.concatenate([first[:, :9], rng.integers(3, CFG.vocab_size, size=(1, 5)).astype(np.int32)], 1)
+  config = sampler.SamplingConfig(max_new_tokens=N, temperature=0.0)
+  caches = []
+  sampler.sample_rows(model, [first], [np.ones_like(first, bool)], config, row_caches=caches)
+  whole = sampler.sample(model, second, np.ones_like(second, bool), config)
+  suffix = np.zeros((1, 8), np.int32)
+  suffix[0, :5] = second[0, 9:]
+  after = sampler.sample_rows(model, [suffix, second], [np.arange(8)[None] < 5, np.ones_like(second, bool)],
+                              config, prefixes=[(caches[0], 9), None])
+  np.testing.assert_array_equal(after.tokens[0], whole.tokens[0])
+  np.testing.assert_array_equal(after.tokens[1], whole.tokens[0])
+  np.testing.assert_allclose(after.logprobs[0], whole.logprobs[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_filter_logits_top_p_and_top_k():
   logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3]]))
