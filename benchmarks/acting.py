@@ -4,13 +4,15 @@ second at batch 8, ours (`pipeline.policy.ModelPolicy`: the batched engine and i
 
 Workload, the same for both sides: the scripted expert plays headline intents (`bench:text/headline@2`, one a
 family in turn) on the text backend, and at each of its steps the prompt is the one a policy acting there reads:
-WebRL's (the original's cut) rendered with SmolLM2's chat template, as `configs/webrl.py:smollm,bench=1` acts. The
-first `--decisions` prompts are answered greedily with up to `--max-tokens` new tokens, at batch 1 and at batch 8,
-each side after one untimed pass over the same batches (compilation, caches). Greedy replies are compared token by
-token (float32 on both sides; a different token is reported, not an error: near-ties may round apart).
+WebRL's (the original's cut) rendered with SmolLM2's chat template, as `configs/webrl.py:smollm,bench=1` acts.
+`--decisions` prompts (the first `--steps` of each episode) are answered greedily with up to `--max-tokens` new
+tokens, at batch 1 and 8 as an evaluation asks them (`lockstep`: a call holds the next step of each of `batch`
+running episodes), each side after one untimed pass over the same calls (compilation; the prefix cache emptied
+after it). Greedy replies are compared token by token (float32 on both sides; a different token is reported, not
+an error: near-ties may round apart).
 
-  python benchmarks/acting.py [--decisions 16] [--max-tokens 64] [--torch] [--padded] [--continuous]
-      [--json out.json]
+  python benchmarks/acting.py [--decisions 16] [--steps 2] [--max-tokens 64] [--torch] [--padded] [--no-prefix]
+      [--continuous] [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
 The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
@@ -71,14 +73,32 @@ def episode_prompts(policy: ModelPolicy) -> Iterator[list[str]]:
       yield prompts
 
 
-def benchmark_prompts(policy: ModelPolicy, n: int) -> list[str]:
-  """The first `n` prompts of `episode_prompts`."""
-  prompts: list[str] = []
+def benchmark_episodes(policy: ModelPolicy, n: int, steps: int) -> list[list[str]]:
+  """Episodes of `episode_prompts`, each cut to its first `steps` prompts, until they hold `n` prompts."""
+  episodes, total = [], 0
   for episode in episode_prompts(policy):
-    prompts += episode
-    if len(prompts) >= n:
+    episodes.append(episode[:min(steps, n - total)])
+    total += len(episodes[-1])
+    if total >= n:
       break
-  return prompts[:n]
+  return episodes
+
+
+def lockstep(episodes: list[list[str]], batch: int) -> list[list[int]]:
+  """The calls a policy acting on `batch` episodes at once makes, as indices into the episodes' prompts laid end
+  to end: each call holds the next step of every running episode, and an episode that ends hands its place to the
+  next one (so an episode's steps come in order, one a call, as an evaluation asks them)."""
+  starts = np.cumsum([0] + [len(e) for e in episodes])
+  queue = list(range(len(episodes)))
+  running: list[list[int]] = []  # each slot: its episode's prompt indices still to ask
+  calls = []
+  while queue or any(running):
+    running = [r for r in running if r]
+    while len(running) < batch and queue:
+      e = queue.pop(0)
+      running.append(list(range(starts[e], starts[e + 1])))
+    calls.append([r.pop(0) for r in running])
+  return calls
 
 
 def shared_prefix(policy: ModelPolicy, intents: int) -> dict:
@@ -100,37 +120,34 @@ def prefill_flops(cfg, tokens: int) -> float:
   return tokens * (flops.decoder_flops_per_token(cfg, tokens, training=False) - head) + head
 
 
-def _batches(items: list, size: int) -> list[list]:
-  return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def _timed(run, items: list, batch: int) -> dict:
-  """`run(rows)` → each row's reply tokens, over `items` in batches of `batch`: one untimed pass (compilation,
-  caches), then the timed one."""
-  batches = _batches(items, batch)
+def _timed(run, items: list, calls: list[list[int]], before_timing=lambda: None) -> dict:
+  """`run(rows)` → each row's reply tokens, over `items` asked in `calls` (lists of indices): one untimed pass
+  (compilation), then `before_timing()` (a cache the first pass filled emptied) and the timed pass."""
   t0 = time.perf_counter()
-  for b in batches:
-    run(b)
+  for call in calls:
+    run([items[i] for i in call])
   warm = time.perf_counter() - t0
-  times, tokens = [], []
-  for b in batches:
+  before_timing()
+  times, tokens = [], [None] * len(items)
+  for call in calls:
     t0 = time.perf_counter()
-    tokens += run(b)
+    for i, reply in zip(call, run([items[i] for i in call])):
+      tokens[i] = reply
     times.append(time.perf_counter() - t0)
-  return {"batch": batch, "decisions": len(items), "seconds": sum(times), "first_pass_seconds": warm,
-          "seconds_per_decision": sum(times) / len(items), "decisions_per_s": len(items) / sum(times),
-          "median_batch_s": statistics.median(times), "tokens": tokens}
+  return {"batch": max(len(c) for c in calls), "calls": len(calls), "decisions": len(items),
+          "seconds": sum(times), "first_pass_seconds": warm, "seconds_per_decision": sum(times) / len(items),
+          "decisions_per_s": len(items) / sum(times), "median_call_s": statistics.median(times), "tokens": tokens}
 
 
-def measure_ours(policy: ModelPolicy, prompts: list[str], batch: int) -> dict:
+def measure_ours(policy: ModelPolicy, prompts: list[str], calls: list[list[int]]) -> dict:
   return _timed(lambda rows: [list(getattr(o, "reply_ids", [])) for o in policy.generate(rows)],
-                [(p, []) for p in prompts], batch)
+                [(p, []) for p in prompts], calls, policy.engine.clear_prefix_cache)
 
 
-def measure_continuous(policy: ModelPolicy, prompts: list[str], batch: int, max_tokens: int) -> dict:
+def measure_continuous(policy: ModelPolicy, prompts: list[str], calls: list[list[int]], max_tokens: int) -> dict:
   """`batch` prompts submitted at once to the server's engine (`serving.continuous`): each prefilled alone at its
   own width, then decoded together."""
-  engine = ContinuousEngine(policy.engine, max_batch=batch)
+  engine = ContinuousEngine(policy.engine, max_batch=max(len(c) for c in calls))
   requests = [GenerationRequest(prompt=p, **dict(policy.sampling, max_tokens=max_tokens, temperature=0.0))
               for p in prompts]  # as `ModelPolicy.generate` asks its engine
 
@@ -138,12 +155,13 @@ def measure_continuous(policy: ModelPolicy, prompts: list[str], batch: int, max_
     return [list(f.result().tokens) for f in [engine.submit(r) for r in rows]]
 
   try:
-    return _timed(run, requests, batch)
+    return _timed(run, requests, calls)
   finally:
     engine.close()
 
 
-def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: int, eos: list[int], pad: int) -> dict:
+def measure_torch(hf_dir: str, ids: list[np.ndarray], calls: list[list[int]], max_tokens: int, eos: list[int],
+                  pad: int) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
@@ -164,20 +182,24 @@ def measure_torch(hf_dir: str, ids: list[np.ndarray], batch: int, max_tokens: in
       replies.append(row if end is None else row[:end + 1])
     return replies
 
-  return _timed(run, ids, batch)
+  return _timed(run, ids, calls)
 
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--decisions", type=int, default=16, help="prompts answered at each batch size")
   parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most a reply")
-  parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
+  parser.add_argument("--steps", type=int, default=2,
+                      help="prompts an episode at most (its first steps): episodes enough to fill every batch size")
+  parser.add_argument("--batches", default="1,8", help="batch sizes (episodes acted on at once), comma-separated")
   parser.add_argument("--torch", action="store_true", help="also PyTorch + transformers `generate`, same run")
+  parser.add_argument("--padded", action="store_true",
+                      help="also the engine with one padded prefill a call and no prefix cache (`prefill=\"batch\"`: "
+                           "the path before rows were prefilled at their own widths), same run")
+  parser.add_argument("--no-prefix", action="store_true",
+                      help="also the engine with rows at their own widths and no prefix cache, same run")
   parser.add_argument("--continuous", action="store_true",
                       help="also the server's continuous engine (each row prefilled at its own width), same run")
-  parser.add_argument("--padded", action="store_true",
-                      help="also the engine with one padded prefill a batch (`prefill=\"batch\"`, the path before "
-                           "rows were prefilled at their own widths), same run")
   parser.add_argument("--prefix-intents", type=int, default=24,
                       help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
@@ -185,64 +207,60 @@ def main(argv=None) -> dict:
   sizes = [int(b) for b in args.batches.split(",")]
   hf_dir = gguf.smollm2_hf_dir()
   loaded = load_policy(hf_dir)
-  policy = ModelPolicy(loaded, WebRL(), temperature=0.0, max_tokens=args.max_tokens, max_batch=max(sizes))
-  prompts = benchmark_prompts(policy, args.decisions)
+  engine = lambda **kw: Engine(loaded, max_batch=max(sizes), max_new_tokens=args.max_tokens, **kw)
+  policy = ModelPolicy(loaded, WebRL(), engine(), temperature=0.0, max_tokens=args.max_tokens)
+  episodes = benchmark_episodes(policy, args.decisions, args.steps)
+  prompts = [p for e in episodes for p in e]
+  calls = {b: lockstep(episodes, b) for b in sizes}
   ids = [policy.engine.prepare(GenerationRequest(prompt=p, max_tokens=args.max_tokens, temperature=0.0)).ids
          for p in prompts]  # the ids our engine samples from: PyTorch gets the same
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _processor(),
                      "jax": jax.__version__},
-         "model": hf_dir, "decisions": len(prompts), "max_tokens": args.max_tokens,
+         "model": hf_dir, "decisions": len(prompts), "episodes": len(episodes), "max_tokens": args.max_tokens,
          "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
-         "ours": {str(b): measure_ours(policy, prompts, b) for b in sizes}}
+         "ours": {str(b): measure_ours(policy, prompts, calls[b]) for b in sizes}}
   rate = mfu.measured_matmul_flops(n=2048)
   floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
   out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
-  if args.continuous:
-    out["continuous"] = {str(b): measure_continuous(policy, prompts, b, args.max_tokens) for b in sizes}
-    for b in sizes:
-      c = out["continuous"][str(b)]
-      c["same_reply_as_ours"] = sum(a == r for a, r in zip(c["tokens"], out["ours"][str(b)]["tokens"]))
+  others = {}  # name → (what the printed line calls it, its measure at a batch size)
   if args.padded:
-    padded = ModelPolicy(loaded, WebRL(), Engine(loaded, max_batch=max(sizes), max_new_tokens=args.max_tokens,
-                                                 prefill="batch"), temperature=0.0, max_tokens=args.max_tokens)
-    out["padded"] = {str(b): measure_ours(padded, prompts, b) for b in sizes}
-    for b in sizes:
-      p = out["padded"][str(b)]
-      p["same_reply_as_ours"] = sum(a == r for a, r in zip(p["tokens"], out["ours"][str(b)]["tokens"]))
-  if args.prefix_intents:
-    out["shared_prefix"] = shared_prefix(policy, args.prefix_intents)
+    padded = ModelPolicy(loaded, WebRL(), engine(prefill="batch"), temperature=0.0, max_tokens=args.max_tokens)
+    others["padded"] = ("one padded prefill, no prefix cache", lambda b: measure_ours(padded, prompts, calls[b]))
+  if args.no_prefix:
+    rows = ModelPolicy(loaded, WebRL(), engine(prefix_cache_bytes=0), temperature=0.0, max_tokens=args.max_tokens)
+    others["no_prefix"] = ("rows, no prefix cache", lambda b: measure_ours(rows, prompts, calls[b]))
+  if args.continuous:
+    others["continuous"] = ("continuous engine",
+                            lambda b: measure_continuous(policy, prompts, calls[b], args.max_tokens))
   if args.torch:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(os.cpu_count() or 1)
     eos = sorted(int(e) for e in loaded.eos_ids)
-    out["torch"] = {"version": torch.__version__, **{
-        str(b): measure_torch(hf_dir, ids, b, args.max_tokens, eos, int(loaded.pad_id)) for b in sizes}}
+    out["torch_version"] = torch.__version__
+    others["torch"] = ("PyTorch `generate`",
+                       lambda b: measure_torch(hf_dir, ids, calls[b], args.max_tokens, eos, int(loaded.pad_id)))
+  for name, (_, measure) in others.items():
+    out[name] = {str(b): measure(b) for b in sizes}
     for b in sizes:
-      ours, ref = out["ours"][str(b)], out["torch"][str(b)]
-      ours["ratio_over_torch"] = ref["seconds"] / ours["seconds"]
-      ours["same_reply_as_torch"] = sum(a == r for a, r in zip(ours["tokens"], ref["tokens"]))
+      theirs, ours = out[name][str(b)], out["ours"][str(b)]
+      theirs["same_reply_as_ours"] = sum(a == r for a, r in zip(theirs["tokens"], ours["tokens"]))
+      theirs["ours_speedup"] = theirs["seconds"] / ours["seconds"]
+  if args.prefix_intents:
+    out["shared_prefix"] = shared_prefix(policy, args.prefix_intents)
   one = out["ours"][str(sizes[0])]
-  print(f"SmolLM2-135M acting on {len(prompts)} benchmark prompts ({out['prompt_tokens']['mean']:.0f} tokens on "
-        f"average, {out['prompt_tokens']['max']} at most), up to {args.max_tokens} new tokens, greedy; "
-        f"{out['machine']['processor']}, {out['machine']['cpu_count']} cores; the prefill alone at the measured "
-        f"{rate / 1e9:.0f} GFLOP/s: {floor:.2f} s a decision")
+  print(f"SmolLM2-135M acting on {len(prompts)} benchmark prompts of {len(episodes)} episodes "
+        f"({out['prompt_tokens']['mean']:.0f} tokens on average, {out['prompt_tokens']['max']} at most), up to "
+        f"{args.max_tokens} new tokens, greedy; {out['machine']['processor']}, {out['machine']['cpu_count']} cores; "
+        f"the prefill alone at the measured {rate / 1e9:.0f} GFLOP/s: {floor:.2f} s a decision")
   for b in sizes:
     r = out["ours"][str(b)]
     line = (f"  batch {b}: {r['seconds_per_decision']:.2f} s a decision, {r['decisions_per_s']:.2f} decisions/s "
             f"({r['decisions_per_s'] / one['decisions_per_s']:.2f}x batch {sizes[0]}; first pass "
             f"{r['first_pass_seconds']:.1f} s; {r['seconds_per_decision'] / floor:.2f}x the prefill's floor)")
-    if args.torch:
-      t = out["torch"][str(b)]
-      line += (f"; PyTorch {t['seconds_per_decision']:.2f} s a decision: ours {r['ratio_over_torch']:.2f}x, "
-               f"{r['same_reply_as_torch']} of {len(prompts)} replies the same tokens")
-    if args.padded:
-      p = out["padded"][str(b)]
-      line += (f"; one padded prefill {p['seconds_per_decision']:.2f} s a decision: rows "
-               f"{p['seconds'] / r['seconds']:.2f}x ({p['same_reply_as_ours']} of {len(prompts)} the same tokens)")
-    if args.continuous:
-      c = out["continuous"][str(b)]
-      line += (f"; continuous engine {c['seconds_per_decision']:.2f} s a decision "
-               f"({c['same_reply_as_ours']} of {len(prompts)} replies the same tokens)")
+    for name, (label, _) in others.items():
+      t = out[name][str(b)]
+      line += (f"; {label} {t['seconds_per_decision']:.2f} s a decision: ours {t['ours_speedup']:.2f}x, "
+               f"{t['same_reply_as_ours']} of {len(prompts)} replies the same tokens")
     print(line)
   if "shared_prefix" in out:
     sp = out["shared_prefix"]

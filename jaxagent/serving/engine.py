@@ -108,7 +108,7 @@ class Engine:
 
   def __init__(self, policy: LoadedModel, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
                max_new_tokens: int = 512, seed: int = 0, prefill: str = "rows",
-               prefix_cache_bytes: int = 1 << 30):
+               prefix_cache_bytes: int = 2 << 30):
     if max_batch < 1:
       raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
     if prefill not in PREFILL_MODES:
@@ -225,6 +225,11 @@ class Engine:
     if self._prefill_by_row(batch, ids.shape, hits):
       return self._sample_rows(batch, hits, len(ids), config, rng), 0
     return sampler.sample(policy.model, ids, mask, config, rng=rng), 0
+
+  def clear_prefix_cache(self) -> None:
+    """Forget every cached prompt (a benchmark's untimed pass; the cache also empties itself on new weights)."""
+    if self._prefixes is not None:
+      self._prefixes.check_weights(None)
 
   def _cached_prefixes(self, batch: list[_Prepared]) -> list[tuple | None]:
     """Each row's longest cached prefix (row cache, tokens), taken out of the prefix cache; None where none."""
