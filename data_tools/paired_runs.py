@@ -4,6 +4,10 @@ multi-seed workdirs (or one): each `<workdir>/seed<k>/results.json` must hold th
 
   python data_tools/paired_runs.py /work/runs/grpo:il /work/runs/grpo:grpo            # B − A within one run
   python data_tools/paired_runs.py /work/runs/grpo:grpo /work/runs/grpo_lag1:grpo     # an ablation against it
+  python data_tools/paired_runs.py A_seed1.json,A_seed2.json B_seed1.json,B_seed2.json # kept records, a seed each
+
+A kept record (`docs/results/data/*.headline.json`) holds one evaluation's `outcomes` (episode id → 0/1, or one
+seed's key → that); the comma-separated records of each side pair by position.
 
 Prints per seed both success rates and B − A, then the mean difference with its hierarchical (seeds × episodes)
 bootstrap 95 % interval and the probability of improvement (`pipeline.report.paired_difference`).
@@ -36,14 +40,32 @@ def outcomes(workdir: str, name: str) -> dict[int, dict[str, float]]:
   return out
 
 
+def records(paths: str) -> dict[int, dict[str, float]]:
+  """position → episode id → 0/1 from comma-separated kept records (a seed each, in the same order on both sides)."""
+  out = {}
+  for k, path in enumerate(paths.split(",")):
+    with open(path, encoding="utf-8") as f:
+      got = json.load(f)["outcomes"]
+    if got and all(isinstance(v, dict) for v in got.values()):
+      (got,) = got.values()
+    out[k] = {episode: float(v) for episode, v in got.items()}
+  return out
+
+
+def _side(spec: str) -> tuple[dict[int, dict[str, float]], str]:
+  if spec.endswith(".json") or ".json," in spec:
+    return records(spec), os.path.basename(spec.split(",")[0]).removesuffix(".json")
+  workdir, name = spec.rsplit(":", 1)
+  return outcomes(workdir, name), name
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("a", help="WORKDIR:POLICY, the reference")
-  ap.add_argument("b", help="WORKDIR:POLICY, compared against it")
+  ap.add_argument("a", help="WORKDIR:POLICY (or kept records R1.json,R2.json), the reference")
+  ap.add_argument("b", help="WORKDIR:POLICY (or kept records), compared against it")
   ap.add_argument("--resamples", type=int, default=10_000)
   args = ap.parse_args(argv)
-  (wa, na), (wb, nb) = (x.rsplit(":", 1) for x in (args.a, args.b))
-  a, b = outcomes(wa, na), outcomes(wb, nb)
+  (a, na), (b, nb) = _side(args.a), _side(args.b)
   seeds = sorted(set(a) & set(b))
   pairs = {}
   for s in seeds:
