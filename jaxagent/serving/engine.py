@@ -7,8 +7,9 @@ prompt length to quarter octaves from 64 (`prompt_bucket`), new tokens to multip
 handful of programs, not one per request; padded rows are one-token prompts whose output is dropped. A decoder
 batch of long prompts of different widths is prefilled a row at a time, each at its own width, then decoded
 together (`prefill="rows"`, the default; `sampler.sample_rows`): the same tokens, without paying every row at the
-longest width; a prompt that begins as a recent one did (an episode's next step) prefills only what follows
-(`serving.prefix_cache`, `prefix_cache_bytes`, 0 = off). `prefill="batch"` keeps one padded prefill.
+longest width. With `prefix_cache_bytes` > 0 (off by default: on the benchmark's prompts it measured slower, see
+docs/results/performance.md), a prompt that begins as a recent one did (an episode's next step) prefills only what
+follows (`serving.prefix_cache`). `prefill="batch"` keeps one padded prefill.
 
 Requests in one batch may differ in prompt, length and `max_tokens` (each row is cut at its own), but one
 sampler call has one setting, so `generate` splits a batch by (temperature, top_p, top_k) and calls the
@@ -108,7 +109,7 @@ class Engine:
 
   def __init__(self, policy: LoadedModel, *, max_batch: int = 8, max_prompt_tokens: int | None = None,
                max_new_tokens: int = 512, seed: int = 0, prefill: str = "rows",
-               prefix_cache_bytes: int = 2 << 30):
+               prefix_cache_bytes: int = 0):
     if max_batch < 1:
       raise ValueError(f"Engine.max_batch={max_batch} must be >= 1")
     if prefill not in PREFILL_MODES:

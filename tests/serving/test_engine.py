@@ -62,7 +62,7 @@ def test_an_episodes_next_prompt_prefills_only_what_follows_the_cached_one():
   policy = random_policy("decoder", num_layers=1, hidden_size=64, head_dim=16, intermediate_size=128)
   step = lambda t, page: engine_lib.GenerationRequest(prompt="intent " * 40 + "done " * t + page, max_tokens=8,
                                                       temperature=0.0)
-  cached = engine_lib.Engine(policy, max_batch=2, max_new_tokens=8)
+  cached = engine_lib.Engine(policy, max_batch=2, max_new_tokens=8, prefix_cache_bytes=1 << 30)
   plain = engine_lib.Engine(policy, max_batch=2, max_new_tokens=8, prefill="batch")
   for t, pages in enumerate((("page a " * 150, "page b " * 10), ("page c " * 120, "page d " * 40))):
     requests = [step(t, p) for p in pages]
