@@ -141,7 +141,7 @@ def test_a_padded_decode_row_changes_nothing(model, prompts, temperature):
   assert sampler.decode_pad_rows(2) == 0
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=pytest.mark.slow), 0.9])
 def test_rows_prefilled_alone_equal_the_padded_batch(model, prompts, temperature):
   """`sample_rows` (each prompt prefilled at its own width, then one decode) gives the right-padded batch's
   tokens, log-probs, lengths and sampled draws, an EOS stop included."""
@@ -167,6 +167,7 @@ def test_rows_prefilled_alone_equal_the_padded_batch(model, prompts, temperature
     sampler.sample_rows(model, [right[:1], right[1:2]], [right_mask[:1], np.zeros((1, 8), bool)], config)
 
 
+@pytest.mark.slow
 def test_a_row_continuing_a_cached_prefix_equals_the_whole_prompt(model):
   """`sample_rows` with `prefixes`: a prompt whose first tokens an earlier prompt's row cache holds, prefilled
   from there on, gives the tokens and log-probs of the whole prompt prefilled."""
