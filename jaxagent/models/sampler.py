@@ -191,13 +191,18 @@ def sample(model, prompt_ids: jax.Array | None, prompt_mask: jax.Array, config: 
   return _sample_jit(model, ids, prompt_embeds, prompt_mask, rng, jnp.float32(config.temperature), static, pad_rows)
 
 
+def _last_logits(model, hidden, mask):
+  """The logits [1, V] at a right-padded row's last real token."""
+  last = jnp.sum(mask, axis=1, dtype=jnp.int32) - 1
+  return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+
+
 @functools.partial(jax.jit, static_argnames=("cache_dtype",))
 def _prefill_row(model, ids, mask, cache_dtype):
   """One prompt [1, w] (right-padded) through a cache of its own width: its last real token's logits [1, V]."""
   cache = model.init_cache(1, ids.shape[1], cache_dtype)
   hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
-  last = jnp.sum(mask, axis=1, dtype=jnp.int32) - 1
-  return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]), cache
+  return _last_logits(model, hidden, mask), cache
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -223,8 +228,7 @@ def _prefill_after(model, prefix, shared, ids, mask, length: int):
                               valid=fit(prefix.valid) & keep, positions=fit(prefix.positions),
                               index=jnp.asarray(shared, jnp.int32), empty=False)
   hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
-  last = jnp.sum(mask, axis=1, dtype=jnp.int32) - 1
-  return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]), cache
+  return _last_logits(model, hidden, mask), cache
 
 
 _decode_jit = jax.jit(_decode, static_argnames=("config", "pad_rows"))
@@ -258,10 +262,9 @@ def sample_rows(model, prompts: Sequence[np.ndarray], masks: Sequence[np.ndarray
   cache = model.init_cache(len(prompts), width + config.max_new_tokens, config.cache_dtype)
   logits = []
   for r, (ids, mask, prefix, length) in enumerate(zip(prompts, masks, prefixes, lengths)):
-    mask = jnp.asarray(mask, bool)
-    if not bool(jnp.any(mask)):
+    if not np.any(mask):
       raise ValueError(f"sample_rows: row {r}'s mask has no real token")
-    ids = jnp.asarray(ids, jnp.int32)
+    ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
     if prefix is None:
       row_logits, row_cache = _prefill_row(model, ids, mask, config.cache_dtype)
     else:

@@ -258,16 +258,17 @@ class Engine:
     """`sampler.sample_rows` over the batch (and its padding rows: one-token prompts), each row after its cached
     prefix where it has one; every row's cache then goes into the prefix cache."""
     pad = self.policy.pad_id
+    hits = list(hits) + [None] * (rows - len(batch))
     prompts, masks = [], []
     for r in range(rows):
-      tokens = batch[r].ids[hits[r][1] if r < len(batch) and hits[r] else 0:] if r < len(batch) else [pad]
+      tokens = batch[r].ids[hits[r][1] if hits[r] else 0:] if r < len(batch) else [pad]
       ids = np.full((1, prompt_bucket(len(tokens))), pad, np.int32)
       ids[0, :len(tokens)] = tokens
       prompts.append(ids)
       masks.append(np.arange(ids.shape[1])[None] < len(tokens))
     caches: list = []
     out = sampler.sample_rows(self.policy.model, prompts, masks, config, rng=rng, row_caches=caches,
-                              prefixes=list(hits) + [None] * (rows - len(batch)))
+                              prefixes=hits)
     if self._prefixes is not None:
       for p, cache in zip(batch, caches):
         self._prefixes.put(p.ids, cache)
