@@ -29,6 +29,7 @@ Keys a researcher changes first:
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
   targets           the attention targets (a named departure, `proj.pretrain.targets`): weight 0 = a plain LM;
                     previous_heads: heads of layer 0 that read the token before each (for copying)
+  model.decoder.copy_head   a pointer over the prompt's tokens mixed into the output (its width; 0 = none)
   data.vocab_size   the BPE fitted on the corpus
 
 Variants (`configs/pretrain.py:<name>`):
@@ -68,7 +69,11 @@ def get_config(arg=None):
   # causal LM on the replies.
   c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
                                              name_layer=1, name_heads=1, previous_heads=1, readout=True,
-                                             previous_readout_every=8, span_heads=1, copy_init=1.0))
+                                             previous_readout_every=8, span_heads=1, copy_init=1.0, pointer=1.0))
+  # A copy head (`models.llama.CopyHead`, item 4 of issue 56, a named departure: docs/results/pretrain.md#copy-head):
+  # a pointer over the prompt's tokens of this query/key width, mixed into the output by a gate, 0 = none;
+  # targets.pointer weighs its pointer's target (the source of a reply token that holds that token).
+  c.model.decoder.update(copy_head=0, copy_top_k=32)
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder
   c.data.max_images = 0

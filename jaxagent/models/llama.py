@@ -67,6 +67,10 @@ class DecoderConfig:
   bos_token_id: int | None = None
   eos_token_id: int | list[int] | None = None
   pad_token_id: int | None = None
+  # A pointer over the input's tokens mixed into the output by a gate (`CopyHead`; a named departure of the
+  # project's own base, docs/results/pretrain.md#copy-head): its query/key width, 0 = none; the K keys it keeps.
+  copy_head: int = 0
+  copy_top_k: int = 32
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -77,6 +81,9 @@ class DecoderConfig:
     if self.model_type not in _ARCHITECTURES:
       raise ValueError(f"DecoderConfig.model_type={self.model_type!r}; use one of {sorted(_ARCHITECTURES)}")
     as_dtype(self.dtype), as_dtype(self.param_dtype)
+    if self.copy_head < 0 or self.copy_top_k < 1:
+      raise ValueError(f"DecoderConfig.copy_head={self.copy_head} must be >= 0 (0: none) and copy_top_k="
+                       f"{self.copy_top_k} >= 1")
     if self.attention not in layers.ATTENTION_IMPLS:
       raise ValueError(f"DecoderConfig.attention={self.attention!r} is not one of {layers.ATTENTION_IMPLS}")
     if self.attention == "cudnn" and self.dtype not in ("bfloat16", "float16"):
@@ -100,7 +107,8 @@ class DecoderConfig:
     per_layer = e * d * (2 * h + 2 * k) + 3 * e * f + 2 * e
     if self.attention_bias:
       per_layer += d * (h + 2 * k)
-    return self.num_layers * per_layer + v * e * (1 if self.tie_word_embeddings else 2) + e
+    copy = 2 * e * self.copy_head + e + 1 if self.copy_head else 0
+    return self.num_layers * per_layer + v * e * (1 if self.tie_word_embeddings else 2) + e + copy
 
   @classmethod
   def from_hf(cls, hf: dict, **overrides) -> "DecoderConfig":
@@ -137,7 +145,8 @@ class DecoderConfig:
         attention_bias=bias, attention_out_bias=bool(hf.get("attention_bias", False)) and model_type == "llama",
         sliding_window=sliding, max_position_embeddings=hf.get("max_position_embeddings", 4096),
         model_type=model_type, bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
-        pad_token_id=hf.get("pad_token_id"))
+        pad_token_id=hf.get("pad_token_id"), copy_head=int(hf.get("jaxagent_copy_head", 0)),
+        copy_top_k=int(hf.get("jaxagent_copy_top_k", 32)))
     fields.update(overrides)
     return cls(**fields)
 
@@ -171,6 +180,8 @@ class DecoderConfig:
       hf["max_window_layers"] = 0
       kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
       hf["layer_types"] = [kind] * self.num_layers
+    if self.copy_head:  # transformers ignores both keys and the head's weights: it runs the decoder without it
+      hf.update(jaxagent_copy_head=self.copy_head, jaxagent_copy_top_k=self.copy_top_k)
     return hf
 
 
@@ -184,13 +195,17 @@ class KVCache:
 
   k, v: per layer [B, L_max, kv_heads, head_dim]; valid: [B, L_max] bool (slot holds a real token);
   positions: [B, L_max] int32 RoPE positions; index: the next slot to write, [] int32 (the same for all rows)
-  or [B] int32 (each row its own, one token per call: the continuous-batching server's decode step).
+  or [B] int32 (each row its own, one token per call: the continuous-batching server's decode step);
+  pointer [B, L_max, copy_head] and tokens [B, L_max] int32: the copy head's keys and the tokens it copies (None
+  without one).
   """
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   valid: jax.Array
   positions: jax.Array
   index: jax.Array
+  pointer: jax.Array | None = None
+  tokens: jax.Array | None = None
   # nothing was written to it yet (a fresh `init_cache`): a multi-token call may attend within its own input
   empty: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
@@ -202,6 +217,26 @@ class KVCache:
   def lengths(self) -> jax.Array:
     """Valid tokens per row [B]; also each row's next RoPE position."""
     return jnp.sum(self.valid, axis=1, dtype=jnp.int32)
+
+  def map_slots(self, fn, *others: "KVCache", **changes) -> "KVCache":
+    """A cache with `fn(array, *others' same arrays)` for each per-slot array (k, v, valid, positions and the copy
+    head's pointer and tokens) and `changes` to the other fields."""
+    each = lambda name: fn(getattr(self, name), *(getattr(o, name) for o in others))
+    slots = dict(k=tuple(map(fn, self.k, *(o.k for o in others))), v=tuple(map(fn, self.v, *(o.v for o in others))),
+                 valid=each("valid"), positions=each("positions"))
+    if self.pointer is not None:
+      slots.update(pointer=each("pointer"), tokens=each("tokens"))
+    return dataclasses.replace(self, **slots, **changes)
+
+  def map_slots(self, fn, *others: "KVCache", **changes) -> "KVCache":
+    """A cache with `fn(array, *others' same arrays)` for each per-slot array (k, v, valid, positions and the copy
+    head's pointer and tokens) and `changes` to the other fields."""
+    each = lambda name: fn(getattr(self, name), *(getattr(o, name) for o in others))
+    slots = dict(k=tuple(map(fn, self.k, *(o.k for o in others))), v=tuple(map(fn, self.v, *(o.v for o in others))),
+                 valid=each("valid"), positions=each("positions"))
+    if self.pointer is not None:
+      slots.update(pointer=each("pointer"), tokens=each("tokens"))
+    return dataclasses.replace(self, **slots, **changes)
 
 
 def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
@@ -283,6 +318,40 @@ class Block(nnx.Module):
     return sharding.shard(x, ("batch", "length", "act_embed")), kv
 
 
+class CopyHead(nnx.Module):
+  """A pointer over the input's tokens mixed into the vocabulary's distribution by a gate (pointer-generator, See et
+  al. 2017; CopyNet, Gu et al. 2016): p(y) = g p_vocab(y) + (1 - g) sum of the pointer's weights on the keys holding y.
+  A small model that must type a string it was shown names the position to copy from instead of recalling the
+  string's tokens. The pointer keeps its `copy_top_k` largest weights (renormalised), so that what `hidden_states`
+  hands `Decoder.logits` at a position is fixed-width: [hidden E | gate 1 | weights K | their tokens K]."""
+
+  def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+    dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    e, d = cfg.hidden_size, cfg.copy_head
+    dense = lambda out, bias: layers.Dense(e, out, in_axes=("embed",), out_axes=(None,), use_bias=bias, dtype=dt,
+                                           param_dtype=pdt, rngs=rngs)
+    self.query, self.key, self.gate = dense(d, False), dense(d, False), dense(1, True)
+    self.top_k = cfg.copy_top_k
+
+  def scores(self, hidden, keys, mask):
+    """The pointer's logits [B, T, S] of queries `hidden` [B, T, E] over `keys` [B, S, D] under `mask` [B, T, S]."""
+    q = self.query(hidden)
+    s = jnp.einsum("btd,bsd->bts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    return jnp.where(mask, s, -1e9)
+
+  def __call__(self, hidden, keys, tokens, mask):
+    """`hidden` [B, T, E] widened to [B, T, E + 1 + 2K] (see the class docstring) over `keys`/`tokens` [B, S]."""
+    s = self.scores(hidden, keys, mask)
+    k = min(self.top_k, s.shape[-1])
+    top, at = jax.lax.top_k(s, k)
+    weights = jax.nn.softmax(top, -1)
+    picked = tokens[jnp.arange(tokens.shape[0])[:, None, None], at].astype(jnp.float32)
+    pad = [(0, 0), (0, 0), (0, self.top_k - k)]
+    gate = self.gate(hidden).astype(jnp.float32)
+    return jnp.concatenate([hidden.astype(jnp.float32), gate, jnp.pad(weights, pad),
+                            jax.lax.stop_gradient(jnp.pad(picked, pad))], -1)
+
+
 class Decoder(nnx.Module):
   """Llama-family causal LM.
 
@@ -300,6 +369,7 @@ class Decoder(nnx.Module):
     self.lm_head = None if cfg.tie_word_embeddings else layers.Dense(
         cfg.hidden_size, cfg.vocab_size, in_axes=("embed",), out_axes=("vocab",), dtype=dt, param_dtype=pdt,
         rngs=rngs)
+    self.copy_head = CopyHead(cfg, rngs=rngs) if cfg.copy_head else None
 
   # -- pieces the sampler and the VLM call directly ---------------------------------------------------
 
@@ -307,7 +377,27 @@ class Decoder(nnx.Module):
     return sharding.shard(self.embed_tokens(input_ids), ("batch", "length", "act_embed"))
 
   def logits(self, hidden: jax.Array) -> jax.Array:
-    """Output projection of final hidden states [..., E] -> float32 logits [..., V]."""
+    """Output projection of final hidden states [..., E] -> float32 logits [..., V]; with a copy head, of what
+    `hidden_states` returns ([..., E + 1 + 2K]) -> the mixture's log-probabilities [..., V]."""
+    e = self.config.hidden_size
+    if hidden.shape[-1] == e:
+      return self._vocab_logits(hidden)
+    k = self.config.copy_top_k
+    gate, weights = hidden[..., e], hidden[..., e + 1:e + 1 + k]
+    tokens = hidden[..., e + 1 + k:].astype(jnp.int32)
+    vocab = jax.nn.log_softmax(self._vocab_logits(hidden[..., :e].astype(as_dtype(self.config.dtype))), -1)
+    lead = weights.shape[:-1]
+    rows = jnp.arange(weights.size // k)[:, None]
+    copy = jnp.zeros((rows.shape[0], vocab.shape[-1]), jnp.float32).at[rows, tokens.reshape(-1, k)].add(
+        weights.reshape(-1, k)).reshape(lead + vocab.shape[-1:])
+    return jnp.logaddexp(jax.nn.log_sigmoid(gate)[..., None] + vocab,
+                         jax.nn.log_sigmoid(-gate)[..., None] + jnp.log(jnp.maximum(copy, 1e-30)))
+
+  def features(self, hidden: jax.Array) -> jax.Array:
+    """The final-norm hidden states [..., E] of what `hidden_states` returns (what value heads pool)."""
+    return hidden[..., :self.config.hidden_size].astype(as_dtype(self.config.dtype))
+
+  def _vocab_logits(self, hidden: jax.Array) -> jax.Array:
     if self.lm_head is None:
       out = self.embed_tokens.attend(hidden)
     else:
@@ -321,12 +411,17 @@ class Decoder(nnx.Module):
     dtype = as_dtype(dtype or cfg.dtype)
     shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
     zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    pointer = tokens = None
+    if cfg.copy_head:
+      pointer, tokens = jnp.zeros((batch, max_len, cfg.copy_head), dtype), jnp.zeros((batch, max_len), jnp.int32)
     return KVCache(k=zeros(), v=zeros(), valid=jnp.zeros((batch, max_len), bool),
-                   positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32), empty=True)
+                   positions=jnp.zeros((batch, max_len), jnp.int32), index=jnp.zeros((), jnp.int32),
+                   pointer=pointer, tokens=tokens, empty=True)
 
   def hidden_states(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
                     cache: KVCache | None = None, segment_ids=None, layer_inputs: list | None = None):
-    """Final-norm hidden states [B,T,E] and the updated cache (None without one).
+    """Final-norm hidden states [B,T,E] and the updated cache (None without one); with a copy head, each widened
+    by its pointer ([B, T, E + 1 + 2K], `CopyHead`), which `logits` reads and `features` takes apart.
 
     `segment_ids` [B,T] (no cache): packed rows, several samples side by side (`data.packing`); a token attends
     only within its own segment, positions restart at each segment, and id 0 is padding. `layer_inputs`: a list
@@ -334,6 +429,8 @@ class Decoder(nnx.Module):
     cfg = self.config
     if (input_ids is None) == (inputs_embeds is None):
       raise ValueError("Decoder: pass exactly one of input_ids or inputs_embeds")
+    if cfg.copy_head and input_ids is None:
+      raise ValueError("Decoder: a copy head (DecoderConfig.copy_head) copies input tokens; pass input_ids")
     x = self.embed(input_ids) if inputs_embeds is None else sharding.shard(
         inputs_embeds.astype(as_dtype(cfg.dtype)), ("batch", "length", "act_embed"))
     b, t = x.shape[:2]
@@ -380,8 +477,20 @@ class Decoder(nnx.Module):
         new_k.append(kv[0])
         new_v.append(kv[1])
     hidden = self.norm(x)
+    pointer = tokens = None
+    if self.copy_head is not None:  # its keys and tokens: the cache's after this call's are written, or its own
+      keys, tokens = self.copy_head.key(hidden), input_ids.astype(jnp.int32)
+      if cache is not None:
+        keys = keys.astype(cache.pointer.dtype)
+        pointer, cached = write_slots(cache.pointer, keys, index), write_slots(cache.tokens, tokens, index)
+      if cache is not None and not within_input:
+        hidden = self.copy_head(hidden, pointer, cached, mask_fn()[:, 0])
+      else:
+        hidden = self.copy_head(hidden, keys, tokens, mask_fn().dense()[:, 0])
+      tokens = None if cache is None else cached
     if cache is not None:
-      cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, positions=k_pos, index=index + t)
+      cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, positions=k_pos, index=index + t,
+                      pointer=pointer, tokens=tokens)
     return hidden, cache
 
   def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,
@@ -389,7 +498,7 @@ class Decoder(nnx.Module):
     hidden, new_cache = self.hidden_states(input_ids, inputs_embeds=inputs_embeds, positions=positions,
                                            attention_mask=attention_mask, cache=cache, segment_ids=segment_ids)
     logits = self.logits(hidden)
-    out = (logits, hidden) if return_hidden else (logits,)
+    out = (logits, self.features(hidden)) if return_hidden else (logits,)
     if cache is not None:
       out = out + (new_cache,)
     return out[0] if len(out) == 1 else out

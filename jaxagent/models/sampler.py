@@ -210,9 +210,7 @@ def _put_row(cache, row_cache, row):
   """`row_cache` (batch 1, width w) written into row `row`, slots [0, w), of the batch's cache."""
   def put(big, small):
     return jax.lax.dynamic_update_slice(big, small.astype(big.dtype), (row,) + (0,) * (big.ndim - 1))
-  return dataclasses.replace(cache, k=tuple(map(put, cache.k, row_cache.k)), v=tuple(map(put, cache.v, row_cache.v)),
-                             valid=put(cache.valid, row_cache.valid),
-                             positions=put(cache.positions, row_cache.positions))
+  return cache.map_slots(put, row_cache)
 
 
 @functools.partial(jax.jit, static_argnames=("length",))
@@ -224,9 +222,8 @@ def _prefill_after(model, prefix, shared, ids, mask, length: int):
       return x[:, :length]
     return jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
   keep = jnp.arange(length, dtype=jnp.int32)[None] < shared
-  cache = dataclasses.replace(prefix, k=tuple(map(fit, prefix.k)), v=tuple(map(fit, prefix.v)),
-                              valid=fit(prefix.valid) & keep, positions=fit(prefix.positions),
-                              index=jnp.asarray(shared, jnp.int32), empty=False)
+  cache = prefix.map_slots(fit, index=jnp.asarray(shared, jnp.int32), empty=False)
+  cache = dataclasses.replace(cache, valid=cache.valid & keep)
   hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
   return _last_logits(model, hidden, mask), cache
 

@@ -88,18 +88,14 @@ def _prefill(graphdef, state, ids, mask, images, key, temperature, top_p, top_k,
 def _insert(cache, row_cache, slot):
   """`row_cache` (batch 1, scalar index) copied into row `slot` of the slot cache (per-row index)."""
   put = lambda big, small: big.at[slot].set(small[0])
-  return dataclasses.replace(
-      cache, k=tuple(map(put, cache.k, row_cache.k)), v=tuple(map(put, cache.v, row_cache.v)),
-      valid=put(cache.valid, row_cache.valid), positions=put(cache.positions, row_cache.positions),
-      index=cache.index.at[slot].set(row_cache.index))
+  return cache.map_slots(put, row_cache, index=cache.index.at[slot].set(row_cache.index))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
 def _grow(cache, size: int):
   """The slot cache with room for `size` slots per row (new slots empty; rows keep their indices)."""
   pad = lambda x: jnp.pad(x, [(0, 0), (0, size - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
-  return dataclasses.replace(cache, k=tuple(map(pad, cache.k)), v=tuple(map(pad, cache.v)), valid=pad(cache.valid),
-                             positions=pad(cache.positions))
+  return cache.map_slots(pad)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))

@@ -32,6 +32,10 @@ def param_table(cfg: llama.DecoderConfig, prefix: str = "model.") -> dict[str, t
            "norm.scale": (f"{prefix}norm.weight", IDENTITY)}
   if not cfg.tie_word_embeddings:
     table["lm_head.kernel"] = ("lm_head.weight", TRANSPOSE)
+  if cfg.copy_head:  # the project's own (`llama.CopyHead`); transformers leaves these keys unread
+    for name in ("query", "key", "gate"):
+      table[f"copy_head.{name}.kernel"] = (f"{prefix}copy_head.{name}.weight", TRANSPOSE)
+    table["copy_head.gate.bias"] = (f"{prefix}copy_head.gate.bias", IDENTITY)
   for i in range(cfg.num_layers):
     ours, hf = f"layers.{i}.", f"{prefix}layers.{i}."
     table[ours + "input_layernorm.scale"] = (hf + "input_layernorm.weight", IDENTITY)

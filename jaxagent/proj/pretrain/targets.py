@@ -19,10 +19,13 @@ comes from (`alignment`), so the loss also asks, with a cross-entropy over the k
   * `span_heads` heads of layer 0, at the last token of a name (an element's text on the page; a name a note or
     instruction writes out), to attend evenly to the name's tokens: the name's summary where the look-up matches,
     as sibling products share a name's last token (` F`, `49` / ` M`, `49`);
+  * `pointer` (with a copy head, `model.decoder.copy_head`): the head's pointer, at the position that predicts a
+    reply's content token, to point at its source where the source is that same token (a string's, not an id's);
   * with `readout`, those heads' output alone to name the token they attend to (a cross-entropy through the final
     norm and the unembedding; the previous heads' at every `previous_readout_every`-th token, for the budget), and
     with `copy_init` their value and output projections start as a copy.
-The architecture stays a plain Llama decoder: the base exports and loads as any other.
+The architecture stays a Llama decoder (with a copy head only if the config adds one): the base exports and loads
+as any other.
 """
 
 from __future__ import annotations
@@ -141,6 +144,23 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   return nll + (ce * has).sum() / jnp.maximum(has.sum(), 1)
 
 
+def pointer_nll(model, hidden, offsets, most: int, segment_ids, input_ids, targets):
+  """Mean -log weight of the copy head's pointer (over every key, not only its top K) on the source of each reply
+  token whose source holds that token; `offsets` as `head_nll`'s with shift 1, at most `most` queries a row."""
+  plain = model.features(hidden)
+  order = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
+  at, off = order, jnp.take_along_axis(offsets, order, 1)
+  source = jnp.clip(at + 1 - off, 0)
+  has = (off > 0) & (jnp.take_along_axis(input_ids, source, 1) == jnp.take_along_axis(targets, at, 1))
+  slots = jnp.arange(plain.shape[1])
+  q_segment = jnp.take_along_axis(segment_ids, at, 1)
+  allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
+  head = model.copy_head
+  scores = head.scores(jnp.take_along_axis(plain, at[..., None], 1), head.key(plain), allowed)
+  picked = jnp.take_along_axis(jax.nn.log_softmax(scores, -1), source[..., None], -1)[..., 0]
+  return -(picked * has).sum() / jnp.maximum(has.sum(), 1)
+
+
 def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
   """The reply-token NLL (`losses.sparse_token_nll`) plus `config.weight` × the heads' target NLLs; `most[field]`:
   the most targets of `field` in a row."""
@@ -151,6 +171,7 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
            ("name_source", int(config.name_layer), int(config.name_heads), 1))
 
   previous, every, spans = int(config.previous_heads), int(config.previous_readout_every), int(config.span_heads)
+  pointer = float(config.get("pointer", 0.0))
 
   def loss_fn(model, batch: dict, rng=None):
     del rng
@@ -168,10 +189,14 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
       parts["previous_attention"] = head_nll(model, xs[0], 0, previous, after.astype(jnp.int32), 0, seg.shape[1],
                                              seg, ids, readout, first=previous_first(model.config, config),
                                              readout_every=every)
+    if pointer and model.copy_head is not None:
+      parts["pointer_attention"] = pointer_nll(model, hidden, batch["reply_source"], most["reply_source"], seg, ids,
+                                               batch["targets"])
     if spans:  # at a name's last token (on the page, and where a note or instruction writes it out): its tokens
       parts["span_attention"] = head_nll(model, xs[0], 0, spans, batch["span_source"], 0, most["span_source"], seg,
                                          first=span_first(model.config, config), span=True)
-    return loss + weight * sum(parts.values()), {**metrics, "reply_nll": loss, **parts}
+    total = sum(v * (pointer if k == "pointer_attention" else 1.0) for k, v in parts.items())
+    return loss + weight * total, {**metrics, "reply_nll": loss, **parts}
 
   return loss_fn
 
