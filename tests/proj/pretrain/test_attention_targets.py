@@ -190,3 +190,35 @@ def test_id_links_point_an_elements_words_at_its_id():
   pieces = ["<", 'a id="', "26", '">', " Office", " hours", " </a>", " $", "5"]
   links = targets.id_links(list(range(len(pieces))), pieces)
   assert links.tolist() == [0, 0, 0, 0, 2, 3, 0, 0, 0]
+
+
+@pytest.mark.slow
+def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holding_the_token():
+  cfg = llama.DecoderConfig.tiny(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                                 intermediate_size=64, vocab_size=64, max_position_embeddings=64, copy_head=8)
+  model, batch = llama.init_decoder(cfg, 0), _batch()
+  ids = batch["input_ids"]
+  ids[0, 6] = batch["targets"][0, 8]  # slot 8 predicts the token at 9, which slot 6 also holds: a copy
+  batch["targets"] = np.roll(ids, -1, 1)
+  batch["reply_source"] = np.zeros_like(ids)
+  batch["reply_source"][0, 8] = 3  # 9 - 3 = slot 6
+  batch["reply_source"][0, 3] = 2  # 4 - 2 = slot 2, which holds another token: not the pointer's
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  hidden, _ = model.hidden_states(batch["input_ids"], segment_ids=batch["segment_ids"])
+  plain, seg = model.features(hidden), batch["segment_ids"]
+  slots = np.arange(12)
+  allowed = (slots[None, :] <= 8) & (np.asarray(seg[0]) == 2)
+  scores = model.copy_head.scores(plain[:, 8:9], model.copy_head.key(plain), jnp.asarray(allowed)[None])
+  expect = -float(jax.nn.log_softmax(scores, -1)[0, 0, 6])
+  got = targets.pointer_nll(model, hidden, batch["reply_source"], 4, seg, batch["input_ids"], batch["targets"])
+  np.testing.assert_allclose(float(got), expect, rtol=1e-5)
+  tcfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=0, name_layer=0,
+                                        name_heads=0, previous_heads=0, readout=False, previous_readout_every=1,
+                                        span_heads=0, pointer=0.5))
+  total, metrics = targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(model, batch)
+  np.testing.assert_allclose(float(metrics["pointer_attention"]), expect, rtol=1e-5)
+  np.testing.assert_allclose(float(total), float(metrics["reply_nll"]) + 0.5 * expect, rtol=1e-5)
+  g = __import__("flax").nnx.grad(lambda m: targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(
+      m, batch)[0])(model)
+  assert float(jnp.abs(g.copy_head.key.kernel.get_value()).sum()) > 0
+  assert float(jnp.abs(g.copy_head.gate.kernel.get_value()).sum()) > 0
