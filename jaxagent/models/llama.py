@@ -322,8 +322,12 @@ class CopyHead(nnx.Module):
   """A pointer over the input's tokens mixed into the vocabulary's distribution by a gate (pointer-generator, See et
   al. 2017; CopyNet, Gu et al. 2016): p(y) = g p_vocab(y) + (1 - g) sum of the pointer's weights on the keys holding y.
   A small model that must type a string it was shown names the position to copy from instead of recalling the
-  string's tokens. The pointer keeps its `copy_top_k` largest weights (renormalised), so that what `hidden_states`
-  hands `Decoder.logits` at a position is fixed-width: [hidden E | gate 1 | weights K | their tokens K]."""
+  string's tokens. A token's key is read off the token *before* it (an induction head by construction): a query
+  holding the token just copied finds where that token sits in the source and copies the one after it, up to the
+  token that closes the string (keys of a token's own state make the pointer repeat the token it just copied,
+  docs/results/pretrain.md#copy-head). A row's first token, with nothing before it, is never copied. The pointer
+  keeps its `copy_top_k` largest weights (renormalised), so that what `hidden_states` hands `Decoder.logits` at a
+  position is fixed-width: [hidden E | gate 1 | weights K | their tokens K]."""
 
   def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
     dt, pdt = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
@@ -333,21 +337,34 @@ class CopyHead(nnx.Module):
     self.query, self.key, self.gate = dense(d, False), dense(d, False), dense(1, True)
     self.top_k = cfg.copy_top_k
 
-  def scores(self, hidden, keys, mask):
-    """The pointer's logits [B, T, S] of queries `hidden` [B, T, E] over `keys` [B, S, D] under `mask` [B, T, S]."""
-    q = self.query(hidden)
-    s = jnp.einsum("btd,bsd->bts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
-    return jnp.where(mask, s, -1e9)
+  @staticmethod
+  def previous_keys(keys, valid):
+    """`keys` [B, S, D] of each slot's own token -> each slot's key: that of the row's previous valid slot (slot 0's
+    is its own, which the mask drops)."""
+    slots = jnp.arange(keys.shape[1], dtype=jnp.int32)
+    latest = jax.lax.cummax(jnp.where(valid, slots, -1), axis=1)
+    before = jnp.concatenate([jnp.zeros_like(latest[:, :1]), jnp.maximum(latest[:, :-1], 0)], 1)
+    return jnp.take_along_axis(keys, before[..., None], 1)
 
-  def __call__(self, hidden, keys, tokens, mask):
+  def scores(self, hidden, keys, mask, valid, positions):
+    """The pointer's logits [B, T, S] of queries `hidden` [B, T, E] over the slots whose own keys are `keys`
+    [B, S, D] (`valid`, RoPE `positions` [B, S]) under `mask` [B, T, S]; a slot at position 0 has no token before
+    it and is masked."""
+    q = self.query(hidden)
+    keys = self.previous_keys(keys, valid)
+    s = jnp.einsum("btd,bsd->bts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    return jnp.where(mask & (positions > 0)[:, None, :], s, -1e9)
+
+  def __call__(self, hidden, keys, tokens, mask, valid, positions):
     """`hidden` [B, T, E] widened to [B, T, E + 1 + 2K] (see the class docstring) over `keys`/`tokens` [B, S]."""
-    s = self.scores(hidden, keys, mask)
+    s = self.scores(hidden, keys, mask, valid, positions)
     k = min(self.top_k, s.shape[-1])
     top, at = jax.lax.top_k(s, k)
-    weights = jax.nn.softmax(top, -1)
+    live = top > -1e8  # a masked key holds no weight; a query with none (a row's first token) takes the vocabulary
+    weights = jnp.where(live, jax.nn.softmax(top, -1), 0.0)
     picked = tokens[jnp.arange(tokens.shape[0])[:, None, None], at].astype(jnp.float32)
     pad = [(0, 0), (0, 0), (0, self.top_k - k)]
-    gate = self.gate(hidden).astype(jnp.float32)
+    gate = jnp.where(live[..., :1], self.gate(hidden).astype(jnp.float32), 1e4)
     return jnp.concatenate([hidden.astype(jnp.float32), gate, jnp.pad(weights, pad),
                             jax.lax.stop_gradient(jnp.pad(picked, pad))], -1)
 
@@ -484,9 +501,9 @@ class Decoder(nnx.Module):
         keys = keys.astype(cache.pointer.dtype)
         pointer, cached = write_slots(cache.pointer, keys, index), write_slots(cache.tokens, tokens, index)
       if cache is not None and not within_input:
-        hidden = self.copy_head(hidden, pointer, cached, mask_fn()[:, 0])
+        hidden = self.copy_head(hidden, pointer, cached, mask_fn()[:, 0], valid, k_pos)
       else:
-        hidden = self.copy_head(hidden, keys, tokens, mask_fn().dense()[:, 0])
+        hidden = self.copy_head(hidden, keys, tokens, mask_fn().dense()[:, 0], mask, positions)
       tokens = None if cache is None else cached
     if cache is not None:
       cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, positions=k_pos, index=index + t,

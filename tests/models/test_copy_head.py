@@ -22,6 +22,7 @@ def _ids(b, t, seed=0):
   return jnp.asarray(np.random.default_rng(seed).integers(1, CFG.vocab_size, size=(b, t)))
 
 
+@pytest.mark.slow
 def test_the_output_is_a_distribution_whose_copy_part_sits_on_the_input_tokens(model):
   ids = _ids(2, 9)
   logp = run(model, ids)
@@ -31,8 +32,8 @@ def test_the_output_is_a_distribution_whose_copy_part_sits_on_the_input_tokens(m
   tokens = np.asarray(hidden[..., CFG.hidden_size + 1 + CFG.copy_top_k:]).astype(int)
   weights = np.asarray(hidden[..., CFG.hidden_size + 1:CFG.hidden_size + 1 + CFG.copy_top_k])
   for b in range(2):
-    for t in range(9):  # each query's kept keys hold tokens at or before it (the first queries see < K keys)
-      kept = set(tokens[b, t][weights[b, t] > 0])
+    for t in range(1, 9):  # each query's kept keys hold tokens at or before it (the first queries see < K keys)
+      kept = set(tokens[b, t][weights[b, t] > 1e-6])
       assert kept <= set(np.asarray(ids[b, :t + 1]).tolist())
   # the gate shut: the vocabulary's distribution alone
   shut = llama.init_decoder(CFG, seed=0)
@@ -41,6 +42,25 @@ def test_the_output_is_a_distribution_whose_copy_part_sits_on_the_input_tokens(m
   np.testing.assert_allclose(run(shut, ids), jax.nn.log_softmax(run(plain, ids), -1), atol=1e-4)
 
 
+def test_a_slots_key_is_read_off_the_valid_slot_before_it():
+  keys = jnp.arange(6, dtype=jnp.float32)[None, :, None] * jnp.ones((1, 1, 2))
+  valid = jnp.asarray([[True, True, False, False, True, True]])  # a hole where a padded row's prompt ends
+  shifted = llama.CopyHead.previous_keys(keys, valid)
+  np.testing.assert_array_equal(shifted[0, :, 0], [0, 0, 1, 1, 1, 4])
+
+
+@pytest.mark.slow
+def test_a_rows_first_token_is_never_copied(model):
+  ids = _ids(1, 6, seed=5)
+  hidden, _ = model.hidden_states(ids)
+  weights = np.asarray(hidden[0, :, CFG.hidden_size + 1:CFG.hidden_size + 1 + CFG.copy_top_k])
+  tokens = np.asarray(hidden[0, :, CFG.hidden_size + 1 + CFG.copy_top_k:]).astype(int)
+  assert weights[0].sum() < 1e-6  # the first query's only key is the first token
+  for t in range(1, 6):  # each later query's weight lies on tokens after the first
+    assert set(tokens[t][weights[t] > 1e-6]) <= set(np.asarray(ids[0, 1:t + 1]).tolist())
+
+
+@pytest.mark.slow
 def test_decoding_with_a_cache_and_a_prefill_equal_the_whole_forward(model):
   ids = _ids(2, 11, seed=1)
   full = run(model, ids)
@@ -54,6 +74,7 @@ def test_decoding_with_a_cache_and_a_prefill_equal_the_whole_forward(model):
   np.testing.assert_array_equal(cache.tokens[:, :11], ids)
 
 
+@pytest.mark.slow
 def test_packed_rows_give_each_sample_its_own_pointer(model):
   a, b = _ids(1, 6, seed=2), _ids(1, 5, seed=3)
   packed = jnp.concatenate([a, b], 1)
@@ -63,6 +84,7 @@ def test_packed_rows_give_each_sample_its_own_pointer(model):
   np.testing.assert_allclose(logp[:, 6:], run(model, b), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_row_prefill_samples_what_the_padded_batch_does(model):
   rows = [np.asarray(_ids(1, n, seed=10 + n)) for n in (7, 12)]
   masks = [np.ones_like(r, bool) for r in rows]
@@ -77,6 +99,7 @@ def test_the_row_prefill_samples_what_the_padded_batch_does(model):
   np.testing.assert_allclose(by_rows.logprobs, padded.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_hugging_face_directory_keeps_the_head(model, tmp_path):
   hf_llama.save_pretrained(model, CFG, str(tmp_path))
   loaded, cfg = hf_llama.load_pretrained(str(tmp_path))

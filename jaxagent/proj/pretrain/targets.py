@@ -156,7 +156,8 @@ def pointer_nll(model, hidden, offsets, most: int, segment_ids, input_ids, targe
   q_segment = jnp.take_along_axis(segment_ids, at, 1)
   allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
   head = model.copy_head
-  scores = head.scores(jnp.take_along_axis(plain, at[..., None], 1), head.key(plain), allowed)
+  scores = head.scores(jnp.take_along_axis(plain, at[..., None], 1), head.key(plain), allowed, segment_ids > 0,
+                       layers.segment_positions(segment_ids))
   picked = jnp.take_along_axis(jax.nn.log_softmax(scores, -1), source[..., None], -1)[..., 0]
   return -(picked * has).sum() / jnp.maximum(has.sum(), 1)
 

@@ -208,7 +208,8 @@ def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holdi
   plain, seg = model.features(hidden), batch["segment_ids"]
   slots = np.arange(12)
   allowed = (slots[None, :] <= 8) & (np.asarray(seg[0]) == 2)
-  scores = model.copy_head.scores(plain[:, 8:9], model.copy_head.key(plain), jnp.asarray(allowed)[None])
+  scores = model.copy_head.scores(plain[:, 8:9], model.copy_head.key(plain), jnp.asarray(allowed)[None], seg > 0,
+                                  layers.segment_positions(seg))
   expect = -float(jax.nn.log_softmax(scores, -1)[0, 0, 6])
   got = targets.pointer_nll(model, hidden, batch["reply_source"], 4, seg, batch["input_ids"], batch["targets"])
   np.testing.assert_allclose(float(got), expect, rtol=1e-5)
