@@ -228,16 +228,6 @@ class KVCache:
       slots.update(pointer=each("pointer"), tokens=each("tokens"))
     return dataclasses.replace(self, **slots, **changes)
 
-  def map_slots(self, fn, *others: "KVCache", **changes) -> "KVCache":
-    """A cache with `fn(array, *others' same arrays)` for each per-slot array (k, v, valid, positions and the copy
-    head's pointer and tokens) and `changes` to the other fields."""
-    each = lambda name: fn(getattr(self, name), *(getattr(o, name) for o in others))
-    slots = dict(k=tuple(map(fn, self.k, *(o.k for o in others))), v=tuple(map(fn, self.v, *(o.v for o in others))),
-                 valid=each("valid"), positions=each("positions"))
-    if self.pointer is not None:
-      slots.update(pointer=each("pointer"), tokens=each("tokens"))
-    return dataclasses.replace(self, **slots, **changes)
-
 
 def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """`cache` [B, L, ...] with `new` [B, T, ...] written at slot `index`: one index for every row (a scalar), or
