@@ -392,7 +392,7 @@ class Decoder(nnx.Module):
     k = self.config.copy_top_k
     gate, weights = hidden[..., e], hidden[..., e + 1:e + 1 + k]
     tokens = hidden[..., e + 1 + k:].astype(jnp.int32)
-    vocab = jax.nn.log_softmax(self._vocab_logits(hidden[..., :e].astype(as_dtype(self.config.dtype))), -1)
+    vocab = jax.nn.log_softmax(self._vocab_logits(self.features(hidden)), -1)
     lead = weights.shape[:-1]
     rows = jnp.arange(weights.size // k)[:, None]
     copy = jnp.zeros((rows.shape[0], vocab.shape[-1]), jnp.float32).at[rows, tokens.reshape(-1, k)].add(
@@ -484,8 +484,8 @@ class Decoder(nnx.Module):
         new_k.append(kv[0])
         new_v.append(kv[1])
     hidden = self.norm(x)
-    pointer = tokens = None
-    if self.copy_head is not None:  # its keys and tokens: the cache's after this call's are written, or its own
+    pointer = cached = None
+    if self.copy_head is not None:  # over the cache once this call's keys and tokens are written, or over its own
       keys, tokens = self.copy_head.key(hidden), input_ids.astype(jnp.int32)
       if cache is not None:
         keys = keys.astype(cache.pointer.dtype)
@@ -494,10 +494,9 @@ class Decoder(nnx.Module):
         hidden = self.copy_head(hidden, pointer, cached, mask_fn()[:, 0], valid, k_pos)
       else:
         hidden = self.copy_head(hidden, keys, tokens, mask_fn().dense()[:, 0], mask, positions)
-      tokens = None if cache is None else cached
     if cache is not None:
       cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, positions=k_pos, index=index + t,
-                      pointer=pointer, tokens=tokens)
+                      pointer=pointer, tokens=cached)
     return hidden, cache
 
   def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, attention_mask=None,

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxagent.models import llama, sampler
 from jaxagent.models.hf import llama as hf_llama
@@ -106,7 +107,7 @@ def test_a_hugging_face_directory_keeps_the_head(model, tmp_path):
   assert (cfg.copy_head, cfg.copy_top_k) == (8, 4)
   ids = _ids(1, 7, seed=4)
   np.testing.assert_allclose(run(loaded, ids), run(model, ids), rtol=1e-5, atol=1e-5)
-  assert CFG.num_params == sum(x.size for x in jax.tree.leaves(__import__("flax").nnx.state(model)))
+  assert CFG.num_params == sum(x.size for x in jax.tree.leaves(nnx.state(model)))
 
 
 def test_the_config_refuses_a_negative_width():

@@ -93,6 +93,17 @@ def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
   return np.concatenate([[0], per_position[:-1]]).astype(np.int32)
 
 
+def _queries(offsets, shift: int, most: int, segment_ids):
+  """The (at most `most` a row) queries a target scores, first in order: their slots [B, M], offsets (0: none),
+  sources (slot + shift - offset) and the keys each may attend to [B, M, T] (causal, its own segment)."""
+  at = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
+  off = jnp.take_along_axis(offsets, at, 1)
+  slots = jnp.arange(offsets.shape[1])
+  q_segment = jnp.take_along_axis(segment_ids, at, 1)
+  allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
+  return at, off, at + shift - off, allowed
+
+
 def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, segment_ids, input_ids=None,
              readout: bool = False, first: int = 0, readout_every: int = 1, span: bool = False):
   """Mean -log attention of query heads `first` .. `first + heads - 1` of `layer` (input `x`) on their target
@@ -108,11 +119,8 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   positions = layers.segment_positions(segment_ids)
   inv_freq = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
   h = block.input_layernorm(x)
-  order = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
-  off = jnp.take_along_axis(offsets, order, 1)
+  at, off, source, allowed = _queries(offsets, shift, most, segment_ids)
   has = off > 0
-  at = order  # the query's slot
-  source = order + shift - off
   take = lambda a: jnp.take_along_axis(a, jnp.clip(at, 0).reshape(at.shape + (1,) * (a.ndim - 2)), 1)
   chosen = np.arange(first, first + heads)
   q = layers.apply_rope(block.self_attn.q_proj(take(h)), take(positions), inv_freq)[:, :, chosen]  # [B, M, h, D]
@@ -120,8 +128,6 @@ def head_nll(model, x, layer: int, heads: int, offsets, shift: int, most: int, s
   k = k[:, :, chosen // (cfg.num_heads // cfg.num_kv_heads)]  # [B, T, h, D]
   scores = jnp.einsum("bmhd,bthd->bhmt", q, k).astype(jnp.float32) / np.sqrt(cfg.head_dim)
   slots = jnp.arange(x.shape[1])
-  q_segment = jnp.take_along_axis(segment_ids, jnp.clip(at, 0), 1)
-  allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
   logp = jax.nn.log_softmax(jnp.where(allowed[:, None], scores, -1e9), -1)
   if span:
     keys = slots[None, None, :]
@@ -148,13 +154,9 @@ def pointer_nll(model, hidden, offsets, most: int, segment_ids, input_ids, targe
   """Mean -log weight of the copy head's pointer (over every key, not only its top K) on the source of each reply
   token whose source holds that token; `offsets` as `head_nll`'s with shift 1, at most `most` queries a row."""
   plain = model.features(hidden)
-  order = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
-  at, off = order, jnp.take_along_axis(offsets, order, 1)
-  source = jnp.clip(at + 1 - off, 0)
+  at, off, source, allowed = _queries(offsets, 1, most, segment_ids)
+  source = jnp.clip(source, 0)
   has = (off > 0) & (jnp.take_along_axis(input_ids, source, 1) == jnp.take_along_axis(targets, at, 1))
-  slots = jnp.arange(plain.shape[1])
-  q_segment = jnp.take_along_axis(segment_ids, at, 1)
-  allowed = (slots[None, None, :] <= at[:, :, None]) & (segment_ids[:, None, :] == q_segment[:, :, None])
   head = model.copy_head
   scores = head.scores(jnp.take_along_axis(plain, at[..., None], 1), head.key(plain), allowed, segment_ids > 0,
                        layers.segment_positions(segment_ids))

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxagent.models import layers, llama
 from jaxagent.proj.pretrain import targets
@@ -219,7 +220,7 @@ def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holdi
   total, metrics = targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(model, batch)
   np.testing.assert_allclose(float(metrics["pointer_attention"]), expect, rtol=1e-5)
   np.testing.assert_allclose(float(total), float(metrics["reply_nll"]) + 0.5 * expect, rtol=1e-5)
-  g = __import__("flax").nnx.grad(lambda m: targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(
+  g = nnx.grad(lambda m: targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(
       m, batch)[0])(model)
   assert float(jnp.abs(g.copy_head.key.kernel.get_value()).sum()) > 0
   assert float(jnp.abs(g.copy_head.gate.kernel.get_value()).sum()) > 0
