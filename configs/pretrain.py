@@ -70,10 +70,12 @@ def get_config(arg=None):
   # causal LM on the replies.
   c.targets = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=3, link_heads=1,
                                              name_layer=1, name_heads=1, previous_heads=1, readout=True,
-                                             previous_readout_every=8, span_heads=1, copy_init=1.0, pointer=1.0))
+                                             previous_readout_every=8, span_heads=1, copy_init=1.0, pointer=1.0,
+                                             gate=1.0))
   # A copy head (`models.llama.CopyHead`, item 4 of issue 56, a named departure: docs/results/pretrain.md#copy-head):
   # a pointer over the prompt's tokens of this query/key width, mixed into the output by a gate, 0 = none;
-  # targets.pointer weighs its pointer's target (the source of a reply token that holds that token).
+  # targets.pointer weighs its pointer's target (the source of a reply token that holds that token), targets.gate
+  # its gate's (the pointer at those tokens, the vocabulary at the reply's other tokens: where a copy ends).
   c.model.decoder.update(copy_head=0, copy_top_k=32)
   c.data = ml_collections.ConfigDict(dict(vocab_size=4096, seq_len=1536, num_threads=2))
   c.data.image_size = 64  # unused by a text decoder; read by the shared model builder

@@ -55,8 +55,9 @@ def check_config(config) -> None:
   if int(d.hidden_size) % int(d.num_heads):  # the base exports as a Hugging Face Llama, which refuses it on load
     raise ValueError(f"config.model.decoder.hidden_size={d.hidden_size} is not a multiple of num_heads="
                      f"{d.num_heads}: the base exports as a Llama checkpoint; change either")
-  if float(t.weight) < 0 or float(t.copy_init) < 0:
-    raise ValueError(f"config.targets.weight={t.weight} and config.targets.copy_init={t.copy_init} must be >= 0")
+  for key in ("weight", "copy_init", "pointer", "gate"):
+    if float(t.get(key, 0.0)) < 0:
+      raise ValueError(f"config.targets.{key}={t[key]} must be >= 0")
   if float(t.weight) and config.loss_on != "reply":
     raise ValueError(f"config.targets.weight={t.weight} reads the replies' loss positions; set --config.loss_on=reply "
                      "or --config.targets.weight=0")

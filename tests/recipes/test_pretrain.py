@@ -100,7 +100,8 @@ def test_a_width_the_heads_do_not_divide_is_refused_before_any_work():
                                              ("targets.name_layer", -1, "name_layer"),
                                              ("targets.previous_heads", 5, "previous_heads"),
                                              ("targets.previous_readout_every", 0, "previous_readout_every"),
-                                             ("targets.span_heads", 3, "span_heads")])
+                                             ("targets.span_heads", 3, "span_heads"),
+                                             ("targets.gate", -1.0, "targets.gate")])
 def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, match):
   bad = pretrain_config.get_config("smoke")
   section, field = key.split(".")

@@ -164,6 +164,21 @@ def pointer_nll(model, hidden, offsets, most: int, segment_ids, input_ids, targe
   return -(picked * has).sum() / jnp.maximum(has.sum(), 1)
 
 
+def gate_nll(model, hidden, batch: dict, max_tokens: int):
+  """Mean binary cross-entropy of the copy head's gate at the reply's loss positions (the first `max_tokens` a row,
+  as `sparse_nll_of_hidden` takes them): the pointer where the reply token's source (`reply_source`) holds that same
+  token (a copied string's tokens), the vocabulary elsewhere (the reply's syntax, ids, a string's closing quote):
+  what ends a copy is the gate handing the next token back to the vocabulary."""
+  ids, offsets, mask = batch["input_ids"], batch["reply_source"], batch["loss_mask"].astype(jnp.int32)
+  source = jnp.clip(jnp.arange(ids.shape[1])[None, :] + 1 - offsets, 0)
+  copy = (offsets > 0) & (jnp.take_along_axis(ids, source, 1) == batch["targets"])
+  at = jnp.argsort(-mask, axis=1, stable=True)[:, :max_tokens]
+  take = lambda x: jnp.take_along_axis(x, at, 1)
+  gate, m = take(hidden[..., model.config.hidden_size]), take(mask)
+  bce = -jnp.where(take(copy), jax.nn.log_sigmoid(-gate), jax.nn.log_sigmoid(gate))
+  return (bce * m).sum() / jnp.maximum(m.sum(), 1)
+
+
 def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
   """The reply-token NLL (`losses.sparse_token_nll`) plus `config.weight` × the heads' target NLLs; `most[field]`:
   the most targets of `field` in a row."""
@@ -174,7 +189,8 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
            ("name_source", int(config.name_layer), int(config.name_heads), 1))
 
   previous, every, spans = int(config.previous_heads), int(config.previous_readout_every), int(config.span_heads)
-  pointer = float(config.get("pointer", 0.0))
+  pointer, gate = float(config.get("pointer", 0.0)), float(config.get("gate", 0.0))
+  scale = {"pointer_attention": pointer, "gate_choice": gate}
 
   def loss_fn(model, batch: dict, rng=None):
     del rng
@@ -195,10 +211,12 @@ def pretrain_loss(max_tokens: int, config, most: dict[str, int]):
     if pointer and model.copy_head is not None:
       parts["pointer_attention"] = pointer_nll(model, hidden, batch["reply_source"], most["reply_source"], seg, ids,
                                                batch["targets"])
+    if gate and model.copy_head is not None:
+      parts["gate_choice"] = gate_nll(model, hidden, batch, max_tokens)
     if spans:  # at a name's last token (on the page, and where a note or instruction writes it out): its tokens
       parts["span_attention"] = head_nll(model, xs[0], 0, spans, batch["span_source"], 0, most["span_source"], seg,
                                          first=span_first(model.config, config), span=True)
-    total = sum(v * (pointer if k == "pointer_attention" else 1.0) for k, v in parts.items())
+    total = sum(v * scale.get(k, 1.0) for k, v in parts.items())
     return loss + weight * total, {**metrics, "reply_nll": loss, **parts}
 
   return loss_fn
