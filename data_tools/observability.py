@@ -5,11 +5,14 @@ env, and every step that names an element is checked against the observation the
   python data_tools/observability.py --config configs/webrl.py:bench --config.prompt_chars=2048
   python data_tools/observability.py --config configs/openwebvoyager.py:bench --config.env.workers=2 \
       --config.observation.max_tree_lines=16 --episodes 60
+  python data_tools/observability.py --config configs/digirl.py:text=1 --config.tasks.suite=bench \
+      --config.tasks.templates=
 
 Per family: the steps that name an element, how many of those elements the observation shows, how many the
 full page's observation does not list at all (no cut can show them), and the intents with every element shown.
 An intent whose element the policy is never shown can be solved only by guessing its id. Text observations
-only: WebRL's simplified HTML (the text backend) and OpenWebVoyager's accessibility tree (Chromium).
+only: WebRL's simplified HTML (the text backend), OpenWebVoyager's accessibility tree (Chromium) and the phone's
+screen as text (DigiRL's `env.observation=html`, cut at `data.page_chars`).
 """
 
 from __future__ import annotations
@@ -46,8 +49,22 @@ def _openwebvoyager(config):
           shown(int(o.max_tree_lines)), shown(0), lambda el: f"[{el}]")
 
 
+def _phone(config):
+  from jaxagent.agents.webrl import compact_html  # pylint: disable=g-import-not-at-top
+  if config.env.get("observation") != "html":
+    raise ValueError(f"config.env.observation={config.env.get('observation')!r}: the phone's text observation only "
+                     "(configs/digirl.py:text=1)")
+  fmt = device.actor_format(config)
+
+  def shown(max_page_chars):
+    return lambda task, obs, history: compact_html(obs.html)[:max_page_chars]
+  return (device.env_spec(config, expert=True), ScriptedExpert(fmt.name, **fmt.options()),
+          shown(int(config.data.page_chars)), shown(10 ** 9), lambda el: f'id="{el}"')
+
+
 # recipe → (the benchmark profile it plays, what its env, expert and observation are)
-RECIPES = {"webrl": ("text", _webrl), "openwebvoyager": ("web", _openwebvoyager)}
+RECIPES = {"webrl": ("text", _webrl), "openwebvoyager": ("web", _openwebvoyager),
+           "digirl": ("device", _phone)}
 
 
 def measure(config, split: str = "test", episodes: int = 0) -> dict:
