@@ -75,9 +75,9 @@ def measure(config, split: str = "test", episodes: int = 0) -> dict:
   if config.tasks.get("suite", "sites") != "bench":
     raise ValueError("config.tasks.suite must be 'bench' (--config.tasks.suite=bench)")
   profile, parts = RECIPES[config.recipe]
+  spec, expert, shown, full, mark = parts(config)
   tasks = bench_splits(config, profile)[split]
   tasks = draw_episodes(tasks, episodes, 0, "probe") if episodes else tasks
-  spec, expert, shown, full, mark = parts(config)
   with tempfile.TemporaryDirectory() as tmp:
     trajs = device.rollout(config, spec, expert, tasks, tmp, "scripted_expert", gamma=0.9)
   rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
