@@ -30,7 +30,8 @@ Keys a researcher changes first:
   targets           the attention targets (a named departure, `proj.pretrain.targets`): weight 0 = a plain LM;
                     previous_heads: heads of layer 0 that read the token before each (for copying)
   model.decoder.copy_head   a pointer over the prompt's tokens mixed into the output (its width; 0 = none): at 32 it
-                    copies in order but runs past a string's end (docs/results/pretrain.md#previous-keys)
+                    copies in order but runs past a string's end, less with its gate's target (targets.gate), and
+                    costs the look-up more than it gives the copy (docs/results/pretrain.md#gate)
   data.vocab_size   the BPE fitted on the corpus
 
 Variants (`configs/pretrain.py:<name>`):
