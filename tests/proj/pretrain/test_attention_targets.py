@@ -193,15 +193,28 @@ def test_id_links_point_an_elements_words_at_its_id():
   assert links.tolist() == [0, 0, 0, 0, 2, 3, 0, 0, 0]
 
 
-@pytest.mark.slow
-def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holding_the_token():
+def _copy_head_model_and_batch():
+  """A tiny decoder with a copy head, and `_batch` with slot 6 holding the token at 9 (which slot 8 predicts)."""
   cfg = llama.DecoderConfig.tiny(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                                  intermediate_size=64, vocab_size=64, max_position_embeddings=64, copy_head=8)
   model, batch = llama.init_decoder(cfg, 0), _batch()
   ids = batch["input_ids"]
-  ids[0, 6] = batch["targets"][0, 8]  # slot 8 predicts the token at 9, which slot 6 also holds: a copy
+  ids[0, 6] = ids[0, 9]  # slot 8 predicts the token at 9, which slot 6 also holds: a copy
   batch["targets"] = np.roll(ids, -1, 1)
   batch["reply_source"] = np.zeros_like(ids)
+  return model, batch
+
+
+def _head_targets_only(**weights):
+  """The targets' config with every attention head off: the copy head's terms alone, at `weights`."""
+  return ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=0, name_layer=0,
+                                        name_heads=0, previous_heads=0, readout=False, previous_readout_every=1,
+                                        span_heads=0, **weights))
+
+
+@pytest.mark.slow
+def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holding_the_token():
+  model, batch = _copy_head_model_and_batch()
   batch["reply_source"][0, 8] = 3  # 9 - 3 = slot 6
   batch["reply_source"][0, 3] = 2  # 4 - 2 = slot 2, which holds another token: not the pointer's
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -214,9 +227,7 @@ def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holdi
   expect = -float(jax.nn.log_softmax(scores, -1)[0, 0, 6])
   got = targets.pointer_nll(model, hidden, batch["reply_source"], 4, seg, batch["input_ids"], batch["targets"])
   np.testing.assert_allclose(float(got), expect, rtol=1e-5)
-  tcfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=0, name_layer=0,
-                                        name_heads=0, previous_heads=0, readout=False, previous_readout_every=1,
-                                        span_heads=0, pointer=0.5))
+  tcfg = _head_targets_only(pointer=0.5)
   total, metrics = targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))(model, batch)
   np.testing.assert_allclose(float(metrics["pointer_attention"]), expect, rtol=1e-5)
   np.testing.assert_allclose(float(total), float(metrics["reply_nll"]) + 0.5 * expect, rtol=1e-5)
@@ -228,27 +239,19 @@ def test_the_pointer_target_is_minus_log_the_copy_heads_weight_on_a_source_holdi
 
 @pytest.mark.slow
 def test_the_gate_target_asks_the_pointer_at_a_copied_token_and_the_vocabulary_at_the_replys_others():
-  cfg = llama.DecoderConfig.tiny(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                                 intermediate_size=64, vocab_size=64, max_position_embeddings=64, copy_head=8)
-  model, batch = llama.init_decoder(cfg, 0), _batch()
+  model, batch = _copy_head_model_and_batch()
   ids = batch["input_ids"]
-  ids[0, 6] = ids[0, 9]  # slot 8 predicts the token at 9, which slot 6 also holds: a copy
-  batch["targets"] = np.roll(ids, -1, 1)
-  batch["reply_source"] = np.zeros_like(ids)
   batch["reply_source"][0, 8] = 3  # 9 - 3 = slot 6
   batch["reply_source"][0, 9] = 2  # 10 - 2 = slot 8, which holds another token: the vocabulary's
   batch["loss_mask"] = np.zeros_like(ids)
   batch["loss_mask"][0, 7:10] = 1  # slots 7 (no source) and 9: the vocabulary; 8: the pointer
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   hidden, _ = model.hidden_states(batch["input_ids"], segment_ids=batch["segment_ids"])
-  gate = np.asarray(hidden[0, 7:10, cfg.hidden_size], np.float64)
+  gate = np.asarray(hidden[0, 7:10, model.config.hidden_size], np.float64)
   log_sigmoid = lambda x: -np.logaddexp(0.0, -x)
   expect = -(log_sigmoid(gate[0]) + log_sigmoid(-gate[1]) + log_sigmoid(gate[2])) / 3
   np.testing.assert_allclose(float(targets.gate_nll(model, hidden, batch, 4)), expect, rtol=1e-5)
-  tcfg = ml_collections.ConfigDict(dict(weight=1.0, reply_layer=-1, reply_heads=0, link_heads=0, name_layer=0,
-                                        name_heads=0, previous_heads=0, readout=False, previous_readout_every=1,
-                                        span_heads=0, pointer=0.0, gate=2.0))
-  loss = targets.pretrain_loss(4, tcfg, dict.fromkeys(targets.FIELDS, 4))
+  loss = targets.pretrain_loss(4, _head_targets_only(pointer=0.0, gate=2.0), dict.fromkeys(targets.FIELDS, 4))
   total, metrics = loss(model, batch)
   np.testing.assert_allclose(float(total), float(metrics["reply_nll"]) + 2.0 * expect, rtol=1e-5)
   g = nnx.grad(lambda m: loss(m, batch)[0])(model)
