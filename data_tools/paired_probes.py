@@ -1,5 +1,6 @@
-"""Two pre-trained bases on the same probes, paired: B − A in grounding, copy and exact replies, over every probe
-and by skill, with a bootstrap interval over probes (`pipeline.report.paired_difference`, one seed).
+"""Two pre-trained bases on the same probes, paired: B − A in grounding, copy, run-ons (a string reply that begins
+with the one asked and goes on past it) and exact replies, over every probe and by skill, with a bootstrap
+interval over probes (`pipeline.report.paired_difference`, one seed).
 
 Two runs of `configs/pretrain.py` with the same corpus and probe settings (`corpus`, `probes`, `seed`) hold the
 same probes (`W/corpus/probes.jsonl`); each run's greedy replies are in `W/probes/replies.json`. Each probe is
@@ -19,7 +20,7 @@ from jaxagent.agents.webrl import WebRL
 from jaxagent.pipeline import report
 from jaxagent.recipes.pretrain import probe_scores
 
-METRICS = ("grounding", "copy", "exact")
+METRICS = ("grounding", "copy", "run_on", "exact")
 
 
 def scored(workdir: str) -> dict[str, dict]:

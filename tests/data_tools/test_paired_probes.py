@@ -41,7 +41,9 @@ def test_each_probe_is_scored_as_the_recipe_scores_it(tmp_path):
   assert s["probe-0"] == {"skill": "click", "want": CLICK.format(7), "grounding": 1.0, "exact": 1.0}
   assert s["probe-1"]["grounding"] == 0.0
   assert (s["probe-2"]["grounding"], s["probe-2"]["copy"], s["probe-2"]["exact"]) == (1.0, 0.0, 0.0)
-  assert s["probe-3"]["copy"] == 0.0 and "grounding" not in s["probe-3"]
+  assert s["probe-2"]["run_on"] == 1.0  # "zovu quinn" goes on past "zovu quin"
+  assert s["probe-3"]["copy"] == 0.0 and s["probe-3"]["run_on"] == 0.0 and "grounding" not in s["probe-3"]
+  assert "run_on" not in s["probe-0"]
 
 
 def test_the_difference_is_b_minus_a_on_the_same_probes(tmp_path):

@@ -47,6 +47,7 @@ def test_the_base_is_built_once_with_its_probes(base):
     assert os.path.exists(os.path.join(workdir, stage, DONE)), stage
   results = read_json(os.path.join(workdir, "results.json"))
   assert 0.0 <= results["grounding"] <= 1.0 and 0.0 <= results["copy"] <= 1.0 and results["n"] > 0
+  assert 0.0 <= results["run_on"] <= 1.0
   train = read_json(os.path.join(workdir, "train", DONE))
   assert train["fill"] > 0.5 and train["samples"] > 0
   assert config.data.tokenizer == ""  # the base's own
