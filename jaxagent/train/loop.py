@@ -25,6 +25,7 @@ from jaxagent.train import mfu as mfu_lib
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.metrics import MetricWriter
 from jaxagent.train.optim import make_optimizer
+from jaxagent.train.preemption import Preemption
 from jaxagent.train.profiler import ProfileWindow
 from jaxagent.train.state import TrainState, abstract_train_state, create_train_state, create_train_state_from_model
 from jaxagent.train.step import AfterUpdate, LossFn, build_train_step, put_batch
@@ -107,40 +108,48 @@ def train(config, workdir: str, *, model_fn: Callable[[], nnx.Module], loss_fn: 
   bar = tqdm.tqdm(total=total, initial=start, disable=not tcfg.progress_bar, desc=config.recipe or "train")
   window_t0, window_steps, window_tokens = None, 0, 0
   metrics = None
-  for step in range(start, total):
-    batch = next(data_iter)
-    profile.before_step(step)
-    with jax.set_mesh(mesh), jax.profiler.StepTraceAnnotation("train", step_num=step):
-      ts.state, metrics = step_fn(ts.state, put_batch(batch, b_shard), jax.random.fold_in(rng, step))
-    profile.after_step(step, metrics)
-    if (step + 1) % ckpt.every == 0 or step + 1 == total:
-      _check_finite(metrics, step + 1, ckpt)  # never checkpoint a diverged state: a resume would restore it
-    ckpt.save(step + 1, ts.state, rng, data_iter.get_state(), force=step + 1 == total)
+  preempt = Preemption()
+  with preempt:
+    for step in range(start, total):
+      batch = next(data_iter)
+      profile.before_step(step)
+      with jax.set_mesh(mesh), jax.profiler.StepTraceAnnotation("train", step_num=step):
+        ts.state, metrics = step_fn(ts.state, put_batch(batch, b_shard), jax.random.fold_in(rng, step))
+      profile.after_step(step, metrics)
+      stop = preempt.requested  # SIGTERM came: save this step, then stop
+      force = step + 1 == total or stop
+      if (step + 1) % ckpt.every == 0 or force:
+        _check_finite(metrics, step + 1, ckpt)  # never checkpoint a diverged state: a resume would restore it
+      ckpt.save(step + 1, ts.state, rng, data_iter.get_state(), force=force)
 
-    if window_t0 is None:  # the first step compiles: time from its end
-      jax.block_until_ready(metrics)
-      window_t0 = time.perf_counter()
-    else:
-      window_steps += 1
-      window_tokens += int(np.prod(batch["input_ids"].shape)) * jax.process_count() if "input_ids" in batch else 0
-    bar.update(1)
-    if (step + 1) % int(tcfg.log_every) == 0 or step + 1 == total or step == start:
-      values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if window_steps:
-        dt = time.perf_counter() - window_t0
-        values["steps_per_s"] = window_steps / dt
-        values["tokens_per_s"] = window_tokens / dt
-        if flops_per_token:
-          values["mfu"] = mfu_lib.mfu(flops_per_token * window_tokens / window_steps, dt / window_steps, peak)
-        window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0
-      writer.write_scalars(step + 1, values)
-      bar.set_postfix(loss=f"{values['loss']:.4f}")
+      if window_t0 is None:  # the first step compiles: time from its end
+        jax.block_until_ready(metrics)
+        window_t0 = time.perf_counter()
+      else:
+        window_steps += 1
+        window_tokens += int(np.prod(batch["input_ids"].shape)) * jax.process_count() if "input_ids" in batch else 0
+      bar.update(1)
+      if (step + 1) % int(tcfg.log_every) == 0 or step + 1 == total or step == start:
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if window_steps:
+          dt = time.perf_counter() - window_t0
+          values["steps_per_s"] = window_steps / dt
+          values["tokens_per_s"] = window_tokens / dt
+          if flops_per_token:
+            values["mfu"] = mfu_lib.mfu(flops_per_token * window_tokens / window_steps, dt / window_steps, peak)
+          window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0
+        writer.write_scalars(step + 1, values)
+        bar.set_postfix(loss=f"{values['loss']:.4f}")
+      if stop:
+        logging.warning("SIGTERM at step %d: saved %s, stopping", step + 1, ckpt.path(step + 1))
+        break
   bar.close()
   profile.close()
   if start >= total and ckpt.latest_step() is None:
     ckpt.save(total, ts.state, rng, data_iter.get_state(), force=True)
   ckpt.close()
   writer.close()
+  preempt.resend()  # the checkpoint is written: die of the SIGTERM as the run would have
   return ckpt.path(ckpt.latest_step())
 
 
