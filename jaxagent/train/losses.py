@@ -74,11 +74,16 @@ def sparse_token_nll(max_tokens: int):
   return loss_fn
 
 
+def first_positions(mask: jnp.ndarray, most: int) -> jnp.ndarray:
+  """The slots [B, most] of each row's first `most` nonzero `mask` positions, in order (then zero ones, to fill)."""
+  return jnp.argsort(-(mask != 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
+
+
 def sparse_nll_of_hidden(model, hidden: jnp.ndarray, batch: dict, max_tokens: int):
   """`sparse_token_nll`'s loss and metrics from the decoder's final hidden states (for losses that also read
   the forward pass's insides)."""
   mask = batch["loss_mask"].astype(jnp.int32)
-  at = jnp.argsort(-mask, axis=1, stable=True)[:, :max_tokens]  # loss positions first, in order
+  at = first_positions(mask, max_tokens)  # loss positions first, in order
   take = lambda x: jnp.take_along_axis(x, at, axis=1)
   logits = model.logits(jnp.take_along_axis(hidden, at[..., None], axis=1))
   loss, count = masked_cross_entropy(logits, take(batch["targets"]), take(mask))

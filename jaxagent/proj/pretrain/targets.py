@@ -39,7 +39,7 @@ import numpy as np
 from jaxagent.data import packing
 from jaxagent.models import layers
 from jaxagent.proj.pretrain import alignment
-from jaxagent.train.losses import sparse_nll_of_hidden
+from jaxagent.train.losses import first_positions, sparse_nll_of_hidden
 
 FIELDS = ("reply_source", "link_source", "name_source", "span_source")
 
@@ -96,7 +96,7 @@ def as_loss_flags(per_position: np.ndarray) -> np.ndarray:
 def _queries(offsets, shift: int, most: int, segment_ids):
   """The (at most `most` a row) queries a target scores, first in order: their slots [B, M], offsets (0: none),
   sources (slot + shift - offset) and the keys each may attend to [B, M, T] (causal, its own segment)."""
-  at = jnp.argsort(-(offsets > 0).astype(jnp.int32), axis=1, stable=True)[:, :most]
+  at = first_positions(offsets > 0, most)
   off = jnp.take_along_axis(offsets, at, 1)
   slots = jnp.arange(offsets.shape[1])
   q_segment = jnp.take_along_axis(segment_ids, at, 1)
@@ -172,7 +172,7 @@ def gate_nll(model, hidden, batch: dict, max_tokens: int):
   ids, offsets, mask = batch["input_ids"], batch["reply_source"], batch["loss_mask"].astype(jnp.int32)
   source = jnp.clip(jnp.arange(ids.shape[1])[None, :] + 1 - offsets, 0)
   copy = (offsets > 0) & (jnp.take_along_axis(ids, source, 1) == batch["targets"])
-  at = jnp.argsort(-mask, axis=1, stable=True)[:, :max_tokens]
+  at = first_positions(mask, max_tokens)
   take = lambda x: jnp.take_along_axis(x, at, 1)
   gate, m = take(hidden[..., model.config.hidden_size]), take(mask)
   bce = -jnp.where(take(copy), jax.nn.log_sigmoid(-gate), jax.nn.log_sigmoid(gate))
