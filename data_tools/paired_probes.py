@@ -4,7 +4,7 @@ interval over probes (`pipeline.report.paired_difference`, one seed).
 
 Two runs of `configs/pretrain.py` with the same corpus and probe settings (`corpus`, `probes`, `seed`) hold the
 same probes (`W/corpus/probes.jsonl`); each run's greedy replies are in `W/probes/replies.json`. Each probe is
-scored as the recipe's probes stage scores it (`recipes.pretrain.probe_scores`) and counts once.
+scored as the recipe's probes stage scores it (`proj.pretrain.scoring.probe_scores`) and counts once.
 
   python data_tools/paired_probes.py A B              # A, B: the two pre-training workdirs
   python data_tools/paired_probes.py A B --json out.json
@@ -18,7 +18,7 @@ import os
 
 from jaxagent.agents.webrl import WebRL
 from jaxagent.pipeline import report
-from jaxagent.recipes.pretrain import probe_scores
+from jaxagent.proj.pretrain.scoring import probe_scores
 
 METRICS = ("grounding", "copy", "run_on", "exact")
 

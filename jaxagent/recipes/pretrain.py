@@ -27,7 +27,6 @@ import inspect
 import json
 import os
 import random
-import re
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenize
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.proj.pretrain import corpus, targets
+from jaxagent.proj.pretrain.scoring import probe_scores
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
@@ -218,28 +218,7 @@ def stage_probes(config, workdir, out):
   pooled = lambda key: [x for m in per_skill.values() for x in m.get(key, [])]
   return {"grounding": float(np.mean(pooled("grounding"))), "copy": float(np.mean(pooled("copy"))),
           "run_on": float(np.mean(pooled("run_on"))), "exact": float(np.mean(pooled("exact"))), "n": len(items),
-          "by_skill": table(per_skill),
-          "by_style": table(per_style)}
-
-
-_SAID = re.compile(r'(?:argument|message)="([^"]*)')  # a WebRL reply's string, up to the next straight quote
-
-
-def probe_scores(fmt, probe: dict, reply: str) -> dict[str, float]:
-  """One probe's scores (1.0 right, 0.0 wrong): grounding where it names an element (the reply's id is that
-  element's), copy where it asks for a string (the reply's typed or answered string is that one), and run_on there
-  too (1.0: the reply's `argument` or `message` begins with the string asked and goes on past it, a copy that does
-  not stop), exact always (the reply is the corpus's, character for character)."""
-  action, out = fmt.parse(reply), {}
-  if probe["element"]:
-    out["grounding"] = float(action.element is not None and str(action.element) == probe["element"])
-  if probe["text"]:
-    out["copy"] = float(action.text == probe["text"])
-    said = _SAID.search(reply)  # the reply's text, not the parse: a copy that runs on often breaks the call's syntax
-    said = said.group(1) if said else ""
-    out["run_on"] = float(len(said) > len(probe["text"]) and said.startswith(probe["text"]))
-  out["exact"] = float(reply.strip() == probe["conversations"][1]["value"].strip())
-  return out
+          "by_skill": table(per_skill), "by_style": table(per_style)}
 
 
 # ------------------------------------------------------------------------------------------ the base for recipes
