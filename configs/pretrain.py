@@ -24,6 +24,10 @@ Keys a researcher changes first:
                     skill alike); `mention` (click the one element a sentence names that the page shows and no
                     earlier round clicked) is left out: in the same budget it cost the look-up and the copy more
                     than it gave (docs/results/pretrain.md#mention)
+  corpus.format     the agent formats the corpus is written in (comma-separated, of `corpus.FORMATS`; the walks
+                    shared among them as they are repeated): webrl (WebRL's prompt over the text profile's pages),
+                    autoui_text (the phone's screen as text, AutoUI's prompt and decisions over the phone profile's
+                    pages cut at corpus.page_chars, as DigiRL's `env.observation=html` reads them)
   corpus.quotes     how queries quote a name or a string (of `corpus.QUOTES`: straight "X", curly “X”, bare X for
                     a name), drawn uniformly; the probes ask in the same styles and report each
   loss_on           reply (the loss on the replies only: the skills) | all (every token, pages included)
@@ -86,7 +90,8 @@ def get_config(arg=None):
                                             walks_per_world=20,
                                             walk_steps=8, sample_chars=3500, prompt_chars=15872,
                                             window_chars=700, windows_per_page=3,
-                                            window_sample_chars=1200, quotes="straight,curly,bare"))
+                                            window_sample_chars=1200, quotes="straight,curly,bare",
+                                            page_chars=2048))  # the phone's page cut (DigiRL's data.page_chars)
   c.corpus.worlds = ml_collections.ConfigDict(dict(first=1000, count=40))
   c.probes = ml_collections.ConfigDict(dict(walks_per_world=20, examples=400, batch=16, max_tokens=96))
   c.probes.worlds = ml_collections.ConfigDict(dict(first=5000, count=5))

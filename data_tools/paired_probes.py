@@ -16,9 +16,8 @@ import argparse
 import json
 import os
 
-from jaxagent.agents.webrl import WebRL
 from jaxagent.pipeline import report
-from jaxagent.proj.pretrain.scoring import probe_scores
+from jaxagent.proj.pretrain.scoring import probe_format, probe_group, probe_scores
 
 METRICS = ("grounding", "copy", "run_on", "exact")
 
@@ -34,10 +33,11 @@ def scored(workdir: str) -> dict[str, dict]:
     probes = {p["id"]: p for p in map(json.loads, f)}
   with open(replies_path, encoding="utf-8") as f:
     replies = json.load(f)
-  fmt, out = WebRL(), {}
+  out = {}
   for row in replies:
     probe = probes[row["id"]]
-    out[row["id"]] = {"skill": probe["skill"], "want": row["want"], **probe_scores(fmt, probe, row["reply"])}
+    out[row["id"]] = {"skill": probe_group(probe), "want": row["want"],
+                      **probe_scores(probe_format(probe), probe, row["reply"])}
   return out
 
 

@@ -36,6 +36,16 @@ def element_tap(index: int) -> str:
   return autoui._decision("DUAL_POINT", points)  # pylint: disable=protected-access
 
 
+def goal_text(goal: str, previous: Sequence[str] = ()) -> str:
+  """The prompt's part after the page: `previous`, the last decision as `history_text` writes it, or none."""
+  return "Previous Actions: " + "".join(f"{p} " for p in previous[-1:]) + f"Goal: {goal}</s>"
+
+
+def screen_prompt(goal: str, page: str, previous: Sequence[str] = ()) -> str:
+  """The prompt over a page already cut (to `max_page_chars`)."""
+  return f"Screen: {page}\n{goal_text(goal, previous)}"
+
+
 def _is_element_tap(action: Action) -> bool:
   return action.kind == ActionKind.CLICK and action.element is not None and action.x is None
 
@@ -63,8 +73,7 @@ class AutoUIText(autoui.AutoUI):
   def build_prompt(self, task: Task | str, observation: Observation | None, history: Sequence[Step]) -> str:
     """`observation` None (the state after an episode's last step, whose page no store keeps): no page."""
     page = compact_html(observation.html)[:self.max_page_chars] if observation is not None else ""
-    prompt = "Previous Actions: " + "".join(f"{history_text(s.action)} " for s in list(history)[-1:])
-    return f"Screen: {page}\n{prompt}Goal: {base.task_intent(task)}</s>"
+    return screen_prompt(base.task_intent(task), page, [history_text(s.action) for s in list(history)[-1:]])
 
   def _parse(self, text: str) -> Action:
     tap = _ELEMENT_TAP.search(text.split("Action Decision: ", 1)[-1]) if "Action Decision: " in text else None

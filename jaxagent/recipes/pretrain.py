@@ -35,13 +35,14 @@ from jaxagent.data import conversation, packing, pipeline, tokenizer as tokenize
 from jaxagent.pipeline.config import stage_config
 from jaxagent.pipeline.stages import Stages, write_json, write_text
 from jaxagent.proj.pretrain import corpus, targets
-from jaxagent.proj.pretrain.scoring import probe_scores
+from jaxagent.proj.pretrain.scoring import probe_format, probe_group, probe_scores
 from jaxagent.serving.checkpoint import export_policy, load_policy
 from jaxagent.train import loop
 from jaxagent.train.losses import sparse_token_nll, weighted_token_nll
 
 STAGES = ("corpus", "tokenizer", "warmup", "train", "export", "probes")
-CHOICES = {"loss_on": ("reply", "all"), "corpus.format": corpus.FORMATS}
+CHOICES = {"loss_on": ("reply", "all")}
+LISTS = {"corpus.format": corpus.FORMATS}
 
 
 def check_config(config) -> None:
@@ -78,6 +79,10 @@ def check_config(config) -> None:
     names = _names(config.corpus[key])
     if not names or set(names) - set(known):
       raise ValueError(f"config.corpus.{key}={config.corpus[key]!r}: name one or more of {known}")
+  for fmt in _names(config.corpus.format):
+    if not corpus.format_skills(fmt, _names(config.corpus.skills)):
+      raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: none of them is asked in the format {fmt!r} "
+                       f"(corpus.format), which asks {corpus.FORMAT_SKILLS[fmt]}; add one")
 
 
 def run(config, workdir: str) -> dict:
@@ -105,15 +110,16 @@ def _names(value: str) -> tuple[str, ...]:
 
 def stage_corpus(config, out):
   c, skills, quotes = config.corpus, _names(config.corpus.skills), _names(config.corpus.quotes)
+  formats = dict(formats=_names(c.format), page_chars=int(c.page_chars))
   train, windows = corpus.samples(
       int(c.worlds.first), int(c.worlds.count), walks_per_world=int(c.walks_per_world), walk_steps=int(c.walk_steps),
       sample_chars=int(c.sample_chars), skills=skills, max_prompt_chars=int(c.prompt_chars), seed=int(config.seed),
       window_chars=int(c.window_chars), windows_per_page=int(c.windows_per_page) if config.warmup.train.steps else 0,
-      window_sample_chars=int(c.window_sample_chars), quotes=quotes)
+      window_sample_chars=int(c.window_sample_chars), quotes=quotes, **formats)
   p = config.probes
   probes = corpus.examples(int(p.worlds.first), int(p.worlds.count), walks_per_world=int(p.walks_per_world),
                            walk_steps=int(c.walk_steps), per_page=1, skills=tuple(dict.fromkeys(skills)),
-                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1, quotes=quotes)
+                           max_prompt_chars=int(c.prompt_chars), seed=int(config.seed) + 1, quotes=quotes, **formats)
   probes = random.Random(int(config.seed)).sample(probes, min(len(probes), int(p.examples)))
   for name, items in (("samples", train), ("windows", windows)):
     with open(os.path.join(out, f"{name}.jsonl"), "w", encoding="utf-8") as f:
@@ -122,10 +128,10 @@ def stage_corpus(config, out):
   with open(os.path.join(out, "probes.jsonl"), "w", encoding="utf-8") as f:
     for k, ex in enumerate(probes):
       f.write(json.dumps({**ex.sample(f"probe-{k}"), "skill": ex.skill, "element": ex.element, "text": ex.text,
-                          "style": ex.style}, ensure_ascii=False) + "\n")
+                          "style": ex.style, "format": ex.format}, ensure_ascii=False) + "\n")
   replies = [t["value"] for it in train for t in it["conversations"][1::2]]
   return {"samples": len(train), "windows": len(windows), "replies": len(replies), "probes": len(probes),
-          "probe_skills": dict(collections.Counter(ex.skill for ex in probes)),
+          "probe_skills": dict(collections.Counter(probe_group(ex.__dict__) for ex in probes)),
           "mean_chars": float(np.mean([sum(len(t["value"]) for t in it["conversations"]) for it in train]))}
 
 
@@ -197,28 +203,29 @@ def _copy_heads(config, model):
 def stage_probes(config, workdir, out):
   """Greedy replies to the held-out worlds' queries: the grounding accuracy (the reply names the element's id)
   and the copy accuracy (the reply's typed or answered string is the one asked), per skill."""
-  from jaxagent.agents.webrl import WebRL  # pylint: disable=g-import-not-at-top
   from jaxagent.serving.engine import Engine, GenerationRequest  # pylint: disable=g-import-not-at-top
   policy = load_policy(os.path.join(workdir, "export", "base"))
   engine = Engine(policy, max_batch=int(config.probes.batch), max_new_tokens=int(config.probes.max_tokens))
-  items, fmt = _read(workdir, "probes"), WebRL()
-  requests = [GenerationRequest(prompt=engine.training_prompt(it["conversations"][:1]), max_tokens=int(config.probes.max_tokens), temperature=0.0) for it in items]
+  items = _read(workdir, "probes")
+  requests = [GenerationRequest(prompt=engine.training_prompt(it["conversations"][:1]),
+                                max_tokens=int(config.probes.max_tokens), temperature=0.0) for it in items]
   replies = [r.text for r in engine.generate(requests)]
-  per_skill: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
-  per_style: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+  per = {by: collections.defaultdict(lambda: collections.defaultdict(list)) for by in ("skill", "style", "format")}
   rows = []
   for it, reply in zip(items, replies):
-    for s in (per_skill[it["skill"]], per_style[it.get("style", "straight")]):
-      for key, value in probe_scores(fmt, it, reply).items():
-        s[key].append(value)
+    groups = {"skill": probe_group(it), "style": it.get("style", "straight"), "format": it.get("format", "webrl")}
+    for key, value in probe_scores(probe_format(it), it, reply).items():
+      for by, group in groups.items():
+        per[by][group][key].append(value)
     rows.append({"id": it["id"], "skill": it["skill"], "reply": reply, "want": it["conversations"][1]["value"]})
   write_json(os.path.join(out, "replies.json"), rows)
   table = lambda per: {name: {k: float(np.mean(v)) for k, v in m.items()} | {"n": len(m["exact"])}
                        for name, m in sorted(per.items())}
-  pooled = lambda key: [x for m in per_skill.values() for x in m.get(key, [])]
-  return {"grounding": float(np.mean(pooled("grounding"))), "copy": float(np.mean(pooled("copy"))),
-          "run_on": float(np.mean(pooled("run_on"))), "exact": float(np.mean(pooled("exact"))), "n": len(items),
-          "by_skill": table(per_skill), "by_style": table(per_style)}
+  pooled = lambda key: [x for m in per["skill"].values() for x in m.get(key, [])]
+  mean = lambda key: float(np.mean(pooled(key))) if pooled(key) else float("nan")
+  return {"grounding": mean("grounding"), "copy": mean("copy"), "run_on": mean("run_on"), "exact": mean("exact"),
+          "n": len(items), "by_skill": table(per["skill"]), "by_style": table(per["style"]),
+          "by_format": table(per["format"])}
 
 
 # ------------------------------------------------------------------------------------------ the base for recipes

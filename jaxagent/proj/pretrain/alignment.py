@@ -32,9 +32,14 @@ from typing import Sequence
 
 import numpy as np
 
-VALUE = re.compile(r'(element|argument|message)="([^"]*)"|I will (?:click|type) "([^"]*)"')
-# an instruction, in WebRL's prompt and in a follow-up turn alike
-INSTRUCTION = re.compile(r"Task Instruction: ([^\n]*)")
+# a reply's values: WebRL's `element=` / `argument=` / `message=` and its note's quoted name, the phone's tapped
+# element (`"touch_point": "id=N"`, its `lift_point` alike) and typed string: group 1 names WebRL's kind, its value
+# in group 2; else group 3 is a note's name, 4 a tapped id, 5 a typed string
+VALUE = re.compile(r'(element|argument|message)="([^"]*)"|I will (?:click|type) "([^"]*)"'
+                   r'|"(?:touch|lift)_point": "id=(\d+)"|"typed_text": "([^"]+)"')
+_GROUPS = {2: "value", 3: "note", 4: "element", 5: "argument"}  # the value's group when group 1 is unset
+# an instruction, in WebRL's prompt and in a follow-up turn alike, or the phone's goal
+INSTRUCTION = re.compile(r"Task Instruction: ([^\n]*)|Goal: ((?:(?!</s>)[^\n])*)")
 # the last word of an element's text just before a value: `<a id="3"> Acorn Mug </a> $12.00 4.5` -> "Mug"
 ELEMENT_BEFORE = re.compile(r'>[^<>]*?(\w)[^<>\w]*</\w+>[^<>"]*$')
 # an element's text and the values after it, up to the next tag
@@ -52,7 +57,8 @@ class TokenText:
       text.append(pieces[t])
       n += len(pieces[t])
     self.text = "".join(text)
-    self.instructions = [(m.end(1), m.start(1)) for m in INSTRUCTION.finditer(self.text)]  # (end, start)
+    said = lambda m: 1 if m.group(1) is not None else 2
+    self.instructions = [(m.end(said(m)), m.start(said(m))) for m in INSTRUCTION.finditer(self.text)]  # (end, start)
 
   def token_at(self, char: int) -> int:
     return bisect.bisect_right(self.starts, char) - 1
@@ -74,7 +80,8 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int],
       text += pieces[ids[k]]
     note = None  # the span (in `full`'s characters) of the name the reply's note quotes
     for m in VALUE.finditer(text):
-      group = 2 if m.group(1) else 3
+      group = 2 if m.group(1) else next(g for g in (3, 4, 5) if m.group(g) is not None)
+      kind = m.group(1) or _GROUPS[group]
       lo, hi = m.span(group)
       content = [start + k for k in range(end - start)
                  if offsets[k] >= lo and offsets[k] + len(pieces[ids[start + k]]) <= hi]
@@ -82,7 +89,7 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int],
         continue
       full = full or TokenText(ids, pieces)
       span = _instruction(full, start)
-      if m.group(1) == "element":
+      if kind == "element":
         source = _element_text_end(ids, start, [ids[k] for k in content], pieces)
         if source >= 0:
           align[content[0]] = content[0] - source
@@ -94,7 +101,7 @@ def alignment(ids: Sequence[int], loss_mask: Sequence[int],
             name[content[0]] = content[0] - named
             spans[named] = _name_span(full, where, named, _element_text(full, source))
       else:
-        if group == 3:
+        if kind == "note":
           note = (full.starts[start] + lo, full.starts[start] + hi)
         at, named = _value_source(full, content[0], m.group(group), span)
         if at >= 0:

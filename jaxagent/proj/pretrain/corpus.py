@@ -24,6 +24,13 @@ S is drawn at random (words from nonsense syllables, codes, numbers), so only co
 predicts it; X and P are elements of the page (never a held-out brand of the benchmark, `bench.HELD_OUT_BRANDS`),
 named uniquely on it. No benchmark intent, demonstration or evaluated world enters: the queries are generic
 skills and the worlds are disjoint from evaluation's (checked by `check_worlds`).
+
+`formats` (the config's `corpus.format`): the corpus in WebRL's format (above) and/or the phone's text format
+(`autoui_text`: AutoUI's prompt over the phone's page as text, cut as the recipe cuts it, with the last decision as
+`Previous Actions` and the query as `Goal: ...</s>`), on pages of the phone profile's walks (the launcher, its
+apps). Its replies are the phone expert's decisions: a tap names the element's id (`"touch_point": "id=N"`); a
+field is tapped, then typed into once `Previous Actions` shows that tap (`TYPE` with the string as `typed_text`),
+then a search is entered once they show the `TYPE`; AutoUI answers no text, so `read` and `say` are WebRL's only.
 """
 
 from __future__ import annotations
@@ -33,13 +40,17 @@ import random
 import re
 from typing import Iterator
 
+from jaxagent.agents import autoui, autoui_text
 from jaxagent.agents.webrl import WebRL, compact_html, webrl_prompt
 from jaxagent.envs.sites import bench, expert, linkgraph, textpage
 from jaxagent.types import Action, ActionKind
 
 SKILLS = ("click", "mention", "type", "search", "read", "say")
 QUOTES = {"straight": ('"', '"'), "curly": ("\u201c", "\u201d"), "bare": ("", "")}
-FORMATS = ("webrl",)
+FORMATS = ("webrl", "autoui_text")
+# what each format can ask: AutoUI's phone answers no text, so read and say are WebRL's
+FORMAT_SKILLS = {"webrl": SKILLS, "autoui_text": ("click", "mention", "type", "search")}
+PROFILES = {"webrl": "text", "autoui_text": "device"}  # the benchmark profile whose worlds' pages each reads
 # World seeds the benchmark and the recipes evaluate on are the global seeds (0, 1, 2, ...); pre-training and
 # its probes keep to seeds at or above this.
 FIRST_PRETRAIN_WORLD = 1000
@@ -47,6 +58,7 @@ _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "qua", "sh",
               "um", "ex", "br", "ch", "ly", "po", "fa", "gi", "do", "be", "xu", "wy", "ja", "ho")
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _FORMAT = WebRL()
+_PHONE = autoui_text.AutoUIText()
 _ELEMENT = re.compile(r'<(a|button|input|textarea|select)\b id="(\d+)"[^>]*>([^<]*)<')
 _LISTING = re.compile(r'<a id="(\d+)"> ([^<]+?) </a> (\$[\d,]+\.\d\d) (\d\.\d) / 5 · (\d+) reviews')
 _LABEL = re.compile(r'<label> ([^<]{1,60}?) </label> <(?:textarea|input)\b id="(\d+)"')
@@ -63,6 +75,7 @@ class Example:
   element: str = ""  # the id the reply names (click / type / search)
   text: str = ""  # the string the reply types or answers
   style: str = "straight"  # how the query quotes (`QUOTES`)
+  format: str = "webrl"  # the agent format of prompt and reply (`FORMATS`)
 
   def sample(self, sample_id: str) -> dict:
     return {"id": sample_id, "images": [], "conversations": [{"from": "human", "value": self.prompt},
@@ -253,11 +266,65 @@ def _history(rng: random.Random, html: str, rounds=((), "")) -> list[str]:
   return [_reply(Action(ActionKind.CLICK, element=int(eid)), expert.intention("click", text)) for text, eid in picks]
 
 
+def _phone_previous(rng: random.Random, html: str, avoid: str) -> list[str]:
+  """The last decision a phone query's prompt shows when it is not part of the query's own steps: none (half the
+  time), a tap on another element of the page, or BACK."""
+  draw = rng.random()
+  if draw < 0.5:
+    return []
+  ids = sorted({eid for _, eid in _unique_elements(html).values()} - {avoid})
+  if draw < 0.85 and ids:
+    return [autoui_text.element_tap(int(rng.choice(ids)))]
+  return [autoui.to_autoui(Action(ActionKind.BACK))]
+
+
+def _phone_query(rng: random.Random, html: str, skills: tuple[str, ...], quotes: tuple[str, ...]):
+  """One skill query on a phone page as the phone's expert acts on it: (goal, the last decision before it, reply,
+  element id, string, skill, style), or None. A type or search is one of its steps, drawn: the tap on the field
+  (after no decision or another one), the `TYPE` (after that tap), the search's `PRESS_ENTER` (after the `TYPE`)."""
+  skill, style = rng.choice(skills), rng.choice(quotes)
+  # a mention's earlier clicks would not show (the prompt holds the last decision only): it names none
+  made = _MAKERS[skill](rng, html, style, False) if skill == "mention" else _MAKERS[skill](rng, html, style)
+  if made is None:
+    return None
+  query, action, eid, text = made[:4]
+  tap = Action(ActionKind.CLICK, element=action.element)
+  if action.kind == ActionKind.CLICK:
+    return query, _phone_previous(rng, html, eid), _PHONE.render(tap), eid, "", skill, style
+  step = rng.randrange(3 if action.enter else 2)
+  if step == 0:
+    return query, _phone_previous(rng, html, eid), _PHONE.render(tap), eid, "", skill, style
+  if step == 1:
+    return (query, [autoui_text.history_text(tap)], _PHONE.render(Action(ActionKind.TYPE, text=text)), "", text,
+            skill, style)
+  return (query, [autoui_text.history_text(Action(ActionKind.TYPE, text=text))],
+          _PHONE.render(Action(ActionKind.KEY, key="Enter")), "", "", skill, style)
+
+
+def format_skills(fmt: str, skills: tuple[str, ...]) -> tuple[str, ...]:
+  """The skills of `skills` (repeats kept) that format `fmt` can ask."""
+  return tuple(s for s in skills if s in FORMAT_SKILLS[fmt])
+
+
+def _phone_page(html: str, page_chars: int) -> str:
+  return html[:page_chars]
+
+
 def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
-                  max_prompt_chars: int, quotes: tuple[str, ...] = tuple(QUOTES)) -> list[Example]:
+                  max_prompt_chars: int, quotes: tuple[str, ...] = tuple(QUOTES), fmt: str = "webrl",
+                  page_chars: int = autoui_text.MAX_PAGE_CHARS) -> list[Example]:
   """Up to `per_page` single queries on one page (its compact simplified HTML), each in WebRL's prompt with 0-2
-  earlier rounds: the probes' form, exactly what a recipe's policy reads."""
+  earlier rounds, or the phone's (`fmt`, the page cut at `page_chars`): the probes' form, exactly what a recipe's
+  policy reads."""
   out = []
+  if fmt == "autoui_text":
+    html = _phone_page(html, page_chars)
+    for _ in range(per_page):
+      made = _phone_query(rng, html, format_skills(fmt, skills), quotes)
+      if made is not None:
+        query, previous, reply, eid, text, skill, style = made
+        out.append(Example(skill, autoui_text.screen_prompt(query, html, previous), reply, eid, text, style, fmt))
+    return out
   for _ in range(per_page):
     made = _query(rng, html, skills, quotes)
     if made is not None:
@@ -268,10 +335,16 @@ def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_pa
 
 
 def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prompt_chars: int,
-                sample_chars: int, sample_id: str, quotes: tuple[str, ...] = tuple(QUOTES)) -> dict | None:
+                sample_chars: int, sample_id: str, quotes: tuple[str, ...] = tuple(QUOTES), fmt: str = "webrl",
+                page_chars: int = autoui_text.MAX_PAGE_CHARS) -> dict | None:
   """A training conversation on one page: the first query in WebRL's prompt (the format recipes act in), then
   follow-up turns `Task Instruction: <query>` on the same page until the conversation holds about `sample_chars`
-  characters: many supervised replies for one read of a long page."""
+  characters: many supervised replies for one read of a long page. In the phone's format (`fmt`) the first turn is
+  AutoUI's prompt over the page cut at `page_chars`, a follow-up its part after the page (`Previous Actions: ...
+  Goal: <query></s>`)."""
+  if fmt == "autoui_text":
+    return _phone_sample(rng, _phone_page(html, page_chars), format_skills(fmt, skills), sample_chars, sample_id,
+                         quotes)
   first = _query(rng, html, skills, quotes)
   if first is None:
     return None
@@ -289,12 +362,31 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
   return {"id": sample_id, "images": [], "conversations": turns}
 
 
-def pages(first_world: int, num_worlds: int, walks_per_world: int, walk_steps: int, seed: int) -> Iterator[str]:
+def _phone_sample(rng, html, skills, sample_chars, sample_id, quotes) -> dict | None:
+  first = _phone_query(rng, html, skills, quotes)
+  if first is None:
+    return None
+  turns = [{"from": "human", "value": autoui_text.screen_prompt(first[0], html, first[1])},
+           {"from": "gpt", "value": first[2]}]
+  follow_up_chars = sample_chars - len(turns[0]["value"])
+  used, tries = 0, 0
+  while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
+    tries += 1
+    made = _phone_query(rng, html, skills, quotes)
+    if made is None:
+      continue
+    turns += [{"from": "human", "value": autoui_text.goal_text(made[0], made[1])}, {"from": "gpt", "value": made[2]}]
+    used += len(turns[-2]["value"]) + len(made[2]) + 40
+  return {"id": sample_id, "images": [], "conversations": turns}
+
+
+def pages(first_world: int, num_worlds: int, walks_per_world: int, walk_steps: int, seed,
+          profile: str = "text") -> Iterator[str]:
   """Compact simplified HTML of the pages a noisy walk meets in worlds `first_world`.. (level 1 perturbations,
-  train layouts), from the start of that world's train tasks."""
+  train layouts), from the start of that world's train tasks of `profile` (the phone's: its launcher)."""
   rng = random.Random(seed)
   for world in range(first_world, first_world + num_worlds):
-    tasks = bench.generate(world, "text", 1, splits=("train_c",))["train_c"]
+    tasks = bench.generate(world, profile, 1, splits=("train_c",))["train_c"]
     env, policy = linkgraph.LinkEnv(world), linkgraph.NoisyLinkPolicy(epsilon=0.5)
     for task in rng.sample(tasks, min(walks_per_world, len(tasks))):
       env.reset(task)
@@ -306,14 +398,26 @@ def pages(first_world: int, num_worlds: int, walks_per_world: int, walk_steps: i
           break
 
 
+def _walks(formats: tuple[str, ...], walks_per_world: int, seed: int):
+  """(format, walks a world, the walks' seed) for each format of `formats`, the walks shared by its repeats."""
+  for fmt in dict.fromkeys(formats):
+    if fmt not in FORMATS:
+      raise ValueError(f"corpus format {fmt!r} is unknown; use one or more of {FORMATS}")
+    walks = walks_per_world if len(formats) == 1 else max(1, round(walks_per_world * formats.count(fmt) / len(formats)))
+    yield fmt, walks, seed if fmt == "webrl" else f"{seed}/{fmt}"
+
+
 def examples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, per_page: int,
              skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
-             quotes: tuple[str, ...] = tuple(QUOTES)) -> list[Example]:
-  """Single queries (the probes' form) over worlds `first_world` .. `first_world + num_worlds - 1`."""
+             quotes: tuple[str, ...] = tuple(QUOTES), formats: tuple[str, ...] = ("webrl",),
+             page_chars: int = autoui_text.MAX_PAGE_CHARS) -> list[Example]:
+  """Single queries (the probes' form) over worlds `first_world` .. `first_world + num_worlds - 1`, in each of
+  `formats` on its profile's pages (`walks_per_world` shared among them as they are repeated)."""
   rng = random.Random(f"examples/{seed}")
   out = []
-  for html in pages(first_world, num_worlds, walks_per_world, walk_steps, seed):
-    out += page_examples(rng, html, skills, per_page, max_prompt_chars, quotes)
+  for fmt, walks, walk_seed in _walks(tuple(formats), walks_per_world, seed):
+    for html in pages(first_world, num_worlds, walks, walk_steps, walk_seed, PROFILES[fmt]):
+      out += page_examples(rng, html, skills, per_page, max_prompt_chars, quotes, fmt, page_chars)
   return out
 
 
@@ -332,19 +436,25 @@ def window(rng: random.Random, html: str, chars: int) -> str:
 def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, sample_chars: int,
             skills: tuple[str, ...] = SKILLS, max_prompt_chars: int = 15872, seed: int = 0,
             window_chars: int = 0, windows_per_page: int = 0, window_sample_chars: int = 0,
-            quotes: tuple[str, ...] = tuple(QUOTES)) -> tuple[list[dict], list[dict]]:
+            quotes: tuple[str, ...] = tuple(QUOTES), formats: tuple[str, ...] = ("webrl",),
+            page_chars: int = autoui_text.MAX_PAGE_CHARS) -> tuple[list[dict], list[dict]]:
   """(the training conversations on whole pages (`page_sample`, one a page), those on `windows_per_page` windows
   of `window_chars` characters of each page, each up to about `window_sample_chars` characters) over worlds
-  `first_world` ..."""
+  `first_world` ..., in each of `formats` (as `examples`; the phone's ids start `phone-`)."""
   rng = random.Random(f"samples/{seed}")
   whole, parts = [], []
-  for k, html in enumerate(pages(first_world, num_worlds, walks_per_world, walk_steps, seed)):
-    made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"page-{k}", quotes)
-    if made is not None:
-      whole.append(made)
-    for j in range(windows_per_page if window_chars > 0 else 0):
-      made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, window_sample_chars,
-                         f"window-{k}-{j}", quotes)
+  for fmt, walks, walk_seed in _walks(tuple(formats), walks_per_world, seed):
+    prefix = "" if fmt == "webrl" else "phone-"
+    for k, html in enumerate(pages(first_world, num_worlds, walks, walk_steps, walk_seed, PROFILES[fmt])):
+      if fmt == "autoui_text":
+        html = _phone_page(html, page_chars)
+      made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"{prefix}page-{k}", quotes, fmt,
+                         page_chars)
       if made is not None:
-        parts.append(made)
+        whole.append(made)
+      for j in range(windows_per_page if window_chars > 0 else 0):
+        made = page_sample(rng, window(rng, html, window_chars), skills, max_prompt_chars, window_sample_chars,
+                           f"{prefix}window-{k}-{j}", quotes, fmt, page_chars)
+        if made is not None:
+          parts.append(made)
   return whole, parts

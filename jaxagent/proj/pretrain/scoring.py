@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import re
 
-_SAID = re.compile(r'(?:argument|message)="([^"]*)')  # a WebRL reply's string, up to the next straight quote
+from jaxagent import agents
+
+# a reply's string, up to the next straight quote: WebRL's argument or message, the phone's typed text
+_SAID = re.compile(r'(?:argument|message)="([^"]*)|"typed_text": "([^"]*)')
+
+
+def probe_format(probe: dict):
+  """The agent format a probe is asked in (its `format`; WebRL's for probes written before there were others)."""
+  return agents.get_format(probe.get("format", "webrl"))
+
+
+def probe_group(probe: dict) -> str:
+  """The group a probe's scores are reported in: its skill, prefixed by its format where that is not WebRL's."""
+  fmt = probe.get("format", "webrl")
+  return probe["skill"] if fmt == "webrl" else f"{fmt}/{probe['skill']}"
 
 
 def probe_scores(fmt, probe: dict, reply: str) -> dict[str, float]:
@@ -18,7 +32,7 @@ def probe_scores(fmt, probe: dict, reply: str) -> dict[str, float]:
   if probe["text"]:
     out["copy"] = float(action.text == probe["text"])
     said = _SAID.search(reply)  # the reply's text, not the parse: a copy that runs on often breaks the call's syntax
-    said = said.group(1) if said else ""
+    said = (said.group(1) or said.group(2) or "") if said else ""
     out["run_on"] = float(len(said) > len(probe["text"]) and said.startswith(probe["text"]))
   out["exact"] = float(reply.strip() == probe["conversations"][1]["value"].strip())
   return out

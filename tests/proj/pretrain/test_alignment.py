@@ -124,3 +124,30 @@ def test_a_name_written_out_in_full_spans_its_tokens_where_the_look_up_points():
     _, name, spans = alignment.alignment(ids, loss, PIECES)
     s = start + len('do(action="Click", element="')
     assert spans[s - name[s]] == want
+
+
+def test_the_phones_tap_reads_its_id_off_the_element_the_goal_names():
+  prompt = ('Screen: <a id="12"> Acorn Mug </a> <a id="13"> Wren Lamp </a>\nPrevious Actions: Goal: Open '
+            '"Wren Lamp".</s>')
+  reply = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": "id=13", '
+           '"lift_point": "id=13", "typed_text": ""')
+  ids, loss, start = _encode(prompt, reply)
+  align, name, _ = alignment.alignment(ids, loss, PIECES)
+  for s in (start + reply.index("13"), start + reply.rindex("13")):  # the touch and the lift point
+    assert s - align[s] == prompt.index("Lamp </a>") + 3  # the 'p' of the element's last word
+    assert s - name[s] == prompt.index('Lamp".') + 3  # the goal's name
+  assert np.count_nonzero(align) == 2
+
+
+def test_the_phones_typed_text_is_copied_from_the_goal_not_the_previous_decision():
+  prompt = ('Screen: <input id="3" type="search"> </input>\nPrevious Actions: "action_type": "DUAL_POINT", '
+            '"touch_point": "id=3", "lift_point": "id=3", "typed_text": "" Goal: Search for \u201cxq-9\u201d.</s>')
+  reply = ('Action Plan: [TYPE] ; Action Decision: "action_type": "TYPE", "touch_point": "[-1.0, -1.0]", '
+           '"lift_point": "[-1.0, -1.0]", "typed_text": "xq-9"')
+  ids, loss, start = _encode(prompt, reply)
+  align, name, _ = alignment.alignment(ids, loss, PIECES)
+  typed = start + reply.index("xq-9")
+  for k in range(4):
+    assert typed + k - align[typed + k] == prompt.index("xq-9") + k
+  assert (name[typed:typed + 4] == align[typed:typed + 4]).all()  # copied from the goal: the token copied
+  assert np.count_nonzero(align) == 4

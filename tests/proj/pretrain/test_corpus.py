@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from jaxagent import agents
+from jaxagent.agents import autoui_text
 from jaxagent.agents.webrl import WebRL, current_html
 from jaxagent.proj.pretrain import corpus
 from jaxagent.types import ActionKind
@@ -131,3 +133,74 @@ def test_a_mention_has_one_answer_the_element_it_names_that_no_earlier_round_cli
         assert text in clicked, (query, text, clicked)  # any other element it names was clicked before
         with_history += 1
   assert with_history > 5
+
+
+PHONE = agents.get_format("autoui_text")
+
+
+@pytest.fixture(scope="module")
+def phone_samples():
+  pages, windows = corpus.samples(1000, 2, walks_per_world=4, walk_steps=4, sample_chars=3000, seed=0,
+                                  window_chars=700, windows_per_page=1, window_sample_chars=1500,
+                                  formats=("webrl", "autoui_text"))
+  return [it for it in pages + windows if it["id"].startswith("phone-")], pages
+
+
+def _goal(turn: str) -> tuple[str, list[str], str]:
+  """(the goal, the strings it quotes, the last decision before it) of a phone prompt or follow-up turn."""
+  m = re.search(r"Previous Actions: (.*?)Goal: (.*)</s>$", turn, re.S)
+  return m.group(2), [a or b for a, b in re.findall(r'"([^"]*)"|\u201c([^\u201d]*)\u201d', m.group(2))], m.group(1)
+
+
+@pytest.mark.slow
+def test_the_phones_replies_are_the_phone_experts_steps_for_each_goal(phone_samples):
+  phone, pages = phone_samples
+  assert phone and any(not it["id"].startswith("phone-") for it in pages)  # both formats, the walks shared
+  checked = collections.Counter()
+  for item in phone:
+    turns = item["conversations"]
+    screen = re.match(r"Screen: (.*)\nPrevious Actions: ", turns[0]["value"], re.S).group(1)
+    assert len(screen) <= autoui_text.MAX_PAGE_CHARS
+    if item["id"].startswith("phone-page-"):
+      assert "seed 100" in screen and ("launcher" in screen or "<a id=" in screen)  # the phone's pages
+    for human, gpt in zip(turns[0::2], turns[1::2]):
+      goal, quoted, previous = _goal(human["value"])
+      action = PHONE.parse(gpt["value"])
+      assert gpt["value"] == PHONE.render(action)  # the expert's rendering: the plan is the action's type
+      if action.kind == ActionKind.CLICK:  # a tap on an element the goal names (or a field it types into)
+        name = _element_text(screen, str(action.element))
+        field = re.search(rf'id="{action.element}"[^>]*placeholder="([^"]+)"', screen)
+        assert (name and name.lower() in goal.lower()) or (field and field.group(1) in goal) or \
+            re.search(rf'<label> [^<]+ </label> <(?:textarea|input)\b id="{action.element}"', screen) or \
+            re.search(rf'<input id="{action.element}" type="search"', screen), (goal, gpt["value"])
+        assert f'"touch_point": "id={action.element}"' not in previous  # not the tap already made
+        checked["tap"] += 1
+      elif action.kind == ActionKind.TYPE:  # the goal's string, once the last decision tapped its field
+        assert action.text in quoted and '"touch_point": "id=' in previous, (goal, previous)
+        checked["type"] += 1
+      else:  # a search's enter, once the last decision typed the goal's string
+        assert action.kind == ActionKind.KEY and f'"typed_text": "{quoted[0]}"' in previous, (goal, previous)
+        checked["enter"] += 1
+  assert all(checked[k] > 0 for k in ("tap", "type", "enter")), checked
+
+
+def test_phone_probes_are_single_goals_in_the_phones_prompt():
+  examples = corpus.examples(5000, 1, walks_per_world=3, walk_steps=4, per_page=3, seed=1, formats=("autoui_text",))
+  assert examples and {ex.format for ex in examples} == {"autoui_text"}
+  assert {ex.skill for ex in examples} <= set(corpus.FORMAT_SKILLS["autoui_text"])  # no read or say: no answer text
+  for ex in examples:
+    assert ex.prompt.startswith("Screen: ") and ex.prompt.endswith("</s>")
+    action = PHONE.parse(ex.reply)
+    if ex.element:  # a tap's step
+      assert action.kind == ActionKind.CLICK and str(action.element) == ex.element
+    if ex.text:  # a TYPE's step
+      assert action.kind == ActionKind.TYPE and action.text == ex.text
+
+
+@pytest.mark.slow
+def test_no_benchmark_intent_is_a_phone_goal(phone_samples):
+  from jaxagent.envs.sites import bench  # pylint: disable=g-import-not-at-top
+  intents = {t.intent for split in ("train_a", "test_comb", "test_value", "test_template")
+             for t in bench.generate(0, "device", 2, splits=(split,))[split]}
+  goals = {_goal(t["value"])[0] for it in phone_samples[0] for t in it["conversations"][0::2]}
+  assert goals and not goals & intents
