@@ -13,7 +13,7 @@ Stages:
              TensorBoard, a progress bar)
   export     the model as a Hugging Face directory (`W/export/base`): what `model.base` points every recipe at
   probes     greedy replies on the held-out worlds' queries: grounding (the id of the named element) and copying
-             (the typed or answered string), per skill
+             (the typed or answered string), per skill and per format (`corpus.format`)
 
 A recipe names the base with `--config.model.base=pretrain` (built once into the cache by `ensure_base`, keyed by
 this config's content) or `--config.model.base=DIR` (an export or any HF directory).
