@@ -38,7 +38,10 @@ Keys a researcher changes first:
                     costs the look-up more than it gives the copy (docs/results/pretrain.md#gate)
   data.vocab_size   the BPE fitted on the corpus
 
-Variants (`configs/pretrain.py:<name>`):
+Variants (`configs/pretrain.py:<name>`, a recipe's `--config.model.base=pretrain:<name>`):
+  phone   the corpus in the phone's text format alone (corpus.format=autoui_text): at this budget a corpus in both
+          formats halves each one's steps and loses most of the look-up and the copy in both
+          (docs/results/pretrain.md#phone-format)
   smoke   a few worlds, pages and steps: the end-to-end test (`tests/recipes/test_pretrain.py`).
 """
 
@@ -48,7 +51,7 @@ import ml_collections
 
 from jaxagent import config_lib
 
-VARIANTS = ("smoke",)
+VARIANTS = ("smoke", "phone")
 
 
 def get_config(arg=None):
@@ -103,7 +106,9 @@ def get_config(arg=None):
   c.checkpoint.every = 100
   c.checkpoint.async_save = False
 
-  if arg.variant == "smoke":
+  if arg.variant == "phone":
+    c.corpus.format = "autoui_text"  # the phone's base: DigiRL's screen as text (docs/results/pretrain.md#phone-base)
+  elif arg.variant == "smoke":
     c.model.decoder.update(hidden_size=96, num_layers=3, num_heads=6, num_kv_heads=3, head_dim=16,
                            intermediate_size=128)  # layer 0 holds the link, previous and span heads' key groups
     c.data.update(vocab_size=1024, seq_len=1024)

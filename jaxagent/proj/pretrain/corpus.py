@@ -36,6 +36,7 @@ then a search is entered once they show the `TYPE`; AutoUI answers no text, so `
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import re
 from typing import Iterator
@@ -442,8 +443,10 @@ def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_ste
   of `window_chars` characters of each page, each up to about `window_sample_chars` characters) over worlds
   `first_world` ..., in each of `formats` (as `examples`; the phone's ids start `phone-`)."""
   rng = random.Random(f"samples/{seed}")
-  whole, parts = [], []
+  by_format = []
   for fmt, walks, walk_seed in _walks(tuple(formats), walks_per_world, seed):
+    whole, parts = [], []
+    by_format.append((whole, parts))
     prefix = "" if fmt == "webrl" else "phone-"
     for k, html in enumerate(pages(first_world, num_worlds, walks, walk_steps, walk_seed, PROFILES[fmt])):
       if fmt == "autoui_text":
@@ -457,4 +460,9 @@ def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_ste
                            f"{prefix}window-{k}-{j}", quotes, fmt, page_chars)
         if made is not None:
           parts.append(made)
-  return whole, parts
+  return _interleave([w for w, _ in by_format]), _interleave([p for _, p in by_format])
+
+
+def _interleave(lists: list[list[dict]]) -> list[dict]:
+  """The formats' samples taken in turn, so that any prefix of the corpus (the tokenizer's sample) holds each."""
+  return [x for group in itertools.zip_longest(*lists) for x in group if x is not None]
