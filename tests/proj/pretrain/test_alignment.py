@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 
+from jaxagent.agents.autoui_text import AutoUIText, element_tap, screen_prompt
 from jaxagent.proj.pretrain import alignment
+from jaxagent.types import Action, ActionKind
 
+PHONE = AutoUIText()
 PIECES = [chr(c) for c in range(0x2100)]  # a character-level "tokenizer": token c is the character chr(c)
 
 
@@ -127,10 +130,8 @@ def test_a_name_written_out_in_full_spans_its_tokens_where_the_look_up_points():
 
 
 def test_the_phones_tap_reads_its_id_off_the_element_the_goal_names():
-  prompt = ('Screen: <a id="12"> Acorn Mug </a> <a id="13"> Wren Lamp </a>\nPrevious Actions: Goal: Open '
-            '"Wren Lamp".</s>')
-  reply = ('Action Plan: [DUAL_POINT] ; Action Decision: "action_type": "DUAL_POINT", "touch_point": "id=13", '
-           '"lift_point": "id=13", "typed_text": ""')
+  prompt = screen_prompt('Open "Wren Lamp".', '<a id="12"> Acorn Mug </a> <a id="13"> Wren Lamp </a>')
+  reply = PHONE.render(Action(ActionKind.CLICK, element=13))
   ids, loss, start = _encode(prompt, reply)
   align, name, _ = alignment.alignment(ids, loss, PIECES)
   for s in (start + reply.index("13"), start + reply.rindex("13")):  # the touch and the lift point
@@ -140,10 +141,8 @@ def test_the_phones_tap_reads_its_id_off_the_element_the_goal_names():
 
 
 def test_the_phones_typed_text_is_copied_from_the_goal_not_the_previous_decision():
-  prompt = ('Screen: <input id="3" type="search"> </input>\nPrevious Actions: "action_type": "DUAL_POINT", '
-            '"touch_point": "id=3", "lift_point": "id=3", "typed_text": "" Goal: Search for \u201cxq-9\u201d.</s>')
-  reply = ('Action Plan: [TYPE] ; Action Decision: "action_type": "TYPE", "touch_point": "[-1.0, -1.0]", '
-           '"lift_point": "[-1.0, -1.0]", "typed_text": "xq-9"')
+  prompt = screen_prompt("Search for \u201cxq-9\u201d.", '<input id="3" type="search"> </input>', [element_tap(3)])
+  reply = PHONE.render(Action(ActionKind.TYPE, text="xq-9"))
   ids, loss, start = _encode(prompt, reply)
   align, name, _ = alignment.alignment(ids, loss, PIECES)
   typed = start + reply.index("xq-9")
