@@ -364,6 +364,7 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
 
 
 def _phone_sample(rng, html, skills, sample_chars, sample_id, quotes) -> dict | None:
+  """`page_sample` in the phone's format, on a page already cut."""
   first = _phone_query(rng, html, skills, quotes)
   if first is None:
     return None
