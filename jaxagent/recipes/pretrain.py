@@ -80,6 +80,8 @@ def check_config(config) -> None:
     if not names or set(names) - set(known):
       raise ValueError(f"config.corpus.{key}={config.corpus[key]!r}: name one or more of {known}")
   for fmt in _names(config.corpus.format):
+    if fmt not in corpus.FORMATS:  # also main's check (LISTS); a cached base's build runs this one alone
+      raise ValueError(f"config.corpus.format={config.corpus.format!r}: name one or more of {corpus.FORMATS}")
     if not corpus.format_skills(fmt, _names(config.corpus.skills)):
       raise ValueError(f"config.corpus.skills={config.corpus.skills!r}: none of them is asked in the format {fmt!r} "
                        f"(corpus.format), which asks {corpus.FORMAT_SKILLS[fmt]}; add one")

@@ -97,6 +97,7 @@ def test_a_width_the_heads_do_not_divide_is_refused_before_any_work():
 
 
 @pytest.mark.parametrize("key,value,match", [("corpus.skills", "click,fly", "corpus.skills"),
+                                             ("corpus.format", "webrl,braille", "corpus.format"),
                                              ("corpus.quotes", "straight,angled", "corpus.quotes"),
                                              ("targets.name_layer", -1, "name_layer"),
                                              ("targets.previous_heads", 5, "previous_heads"),
@@ -108,4 +109,11 @@ def test_bad_corpus_and_target_values_are_refused_naming_the_key(key, value, mat
   section, field = key.split(".")
   bad[section][field] = value
   with pytest.raises(ValueError, match=match):
+    pretrain.check_config(bad)
+
+
+def test_skills_a_format_cannot_ask_are_refused_naming_the_key():
+  bad = pretrain_config.get_config("phone")
+  bad.corpus.skills = "read,say"  # the phone answers no text
+  with pytest.raises(ValueError, match="corpus.skills.*autoui_text"):
     pretrain.check_config(bad)

@@ -37,7 +37,7 @@ import numpy as np
 # in group 2; else group 3 is a note's name, 4 a tapped id, 5 a typed string
 VALUE = re.compile(r'(element|argument|message)="([^"]*)"|I will (?:click|type) "([^"]*)"'
                    r'|"(?:touch|lift)_point": "id=(\d+)"|"typed_text": "([^"]+)"')
-_GROUPS = {2: "value", 3: "note", 4: "element", 5: "argument"}  # the value's group when group 1 is unset
+_GROUPS = {3: "note", 4: "element", 5: "argument"}  # what a value is when group 1 does not say
 # an instruction, in WebRL's prompt and in a follow-up turn alike, or the phone's goal
 INSTRUCTION = re.compile(r"Task Instruction: ([^\n]*)|Goal: ((?:(?!</s>)[^\n])*)")
 # the last word of an element's text just before a value: `<a id="3"> Acorn Mug </a> $12.00 4.5` -> "Mug"

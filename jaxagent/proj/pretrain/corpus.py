@@ -307,10 +307,6 @@ def format_skills(fmt: str, skills: tuple[str, ...]) -> tuple[str, ...]:
   return tuple(s for s in skills if s in FORMAT_SKILLS[fmt])
 
 
-def _phone_page(html: str, page_chars: int) -> str:
-  return html[:page_chars]
-
-
 def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_page: int,
                   max_prompt_chars: int, quotes: tuple[str, ...] = tuple(QUOTES), fmt: str = "webrl",
                   page_chars: int = autoui_text.MAX_PAGE_CHARS) -> list[Example]:
@@ -319,7 +315,7 @@ def page_examples(rng: random.Random, html: str, skills: tuple[str, ...], per_pa
   policy reads."""
   out = []
   if fmt == "autoui_text":
-    html = _phone_page(html, page_chars)
+    html = html[:page_chars]
     for _ in range(per_page):
       made = _phone_query(rng, html, format_skills(fmt, skills), quotes)
       if made is not None:
@@ -344,41 +340,35 @@ def page_sample(rng: random.Random, html: str, skills: tuple[str, ...], max_prom
   AutoUI's prompt over the page cut at `page_chars`, a follow-up its part after the page (`Previous Actions: ...
   Goal: <query></s>`)."""
   if fmt == "autoui_text":
-    return _phone_sample(rng, _phone_page(html, page_chars), format_skills(fmt, skills), sample_chars, sample_id,
-                         quotes)
-  first = _query(rng, html, skills, quotes)
-  if first is None:
+    html, skills = html[:page_chars], format_skills(fmt, skills)
+    first = _phone_query(rng, html, skills, quotes)
+    opening = None if first is None else (autoui_text.screen_prompt(first[0], html, first[1]), first[2])
+
+    def follow_up():  # (human turn, reply, the characters it counts for)
+      made = _phone_query(rng, html, skills, quotes)
+      if made is None:
+        return None
+      turn = autoui_text.goal_text(made[0], made[1])
+      return turn, made[2], len(turn) + len(made[2]) + 40
+  else:
+    first = _query(rng, html, skills, quotes)
+    opening = None if first is None else (webrl_prompt(first[0], _history(rng, html, first[6]), html,
+                                                       max_prompt_chars), first[1])
+
+    def follow_up():
+      made = _query(rng, html, skills, quotes, first=False)
+      return None if made is None else (f"Task Instruction: {made[0]}", made[1], len(made[0]) + len(made[1]) + 40)
+  if opening is None:
     return None
-  turns = [{"from": "human", "value": webrl_prompt(first[0], _history(rng, html, first[6]), html, max_prompt_chars)},
-           {"from": "gpt", "value": first[1]}]
-  follow_up_chars = sample_chars - len(turns[0]["value"])
+  turns = [{"from": "human", "value": opening[0]}, {"from": "gpt", "value": opening[1]}]
+  follow_up_chars = sample_chars - len(opening[0])
   used, tries = 0, 0
   while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
     tries += 1
-    made = _query(rng, html, skills, quotes, first=False)
-    if made is None:
-      continue
-    turns += [{"from": "human", "value": f"Task Instruction: {made[0]}"}, {"from": "gpt", "value": made[1]}]
-    used += len(made[0]) + len(made[1]) + 40
-  return {"id": sample_id, "images": [], "conversations": turns}
-
-
-def _phone_sample(rng, html, skills, sample_chars, sample_id, quotes) -> dict | None:
-  """`page_sample` in the phone's format, on a page already cut."""
-  first = _phone_query(rng, html, skills, quotes)
-  if first is None:
-    return None
-  turns = [{"from": "human", "value": autoui_text.screen_prompt(first[0], html, first[1])},
-           {"from": "gpt", "value": first[2]}]
-  follow_up_chars = sample_chars - len(turns[0]["value"])
-  used, tries = 0, 0
-  while used < follow_up_chars and tries < 4 * max(1, follow_up_chars // 40):
-    tries += 1
-    made = _phone_query(rng, html, skills, quotes)
-    if made is None:
-      continue
-    turns += [{"from": "human", "value": autoui_text.goal_text(made[0], made[1])}, {"from": "gpt", "value": made[2]}]
-    used += len(turns[-2]["value"]) + len(made[2]) + 40
+    made = follow_up()
+    if made is not None:
+      turns += [{"from": "human", "value": made[0]}, {"from": "gpt", "value": made[1]}]
+      used += made[2]
   return {"id": sample_id, "images": [], "conversations": turns}
 
 
@@ -406,7 +396,7 @@ def _walks(formats: tuple[str, ...], walks_per_world: int, seed: int):
     if fmt not in FORMATS:
       raise ValueError(f"corpus format {fmt!r} is unknown; use one or more of {FORMATS}")
     walks = walks_per_world if len(formats) == 1 else max(1, round(walks_per_world * formats.count(fmt) / len(formats)))
-    yield fmt, walks, seed if fmt == "webrl" else f"{seed}/{fmt}"
+    yield fmt, walks, seed if fmt == "webrl" else f"{seed}/{fmt}"  # WebRL's walks: a WebRL-only corpus's
 
 
 def examples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_steps: int, per_page: int,
@@ -451,7 +441,7 @@ def samples(first_world: int, num_worlds: int, *, walks_per_world: int, walk_ste
     prefix = "" if fmt == "webrl" else "phone-"
     for k, html in enumerate(pages(first_world, num_worlds, walks, walk_steps, walk_seed, PROFILES[fmt])):
       if fmt == "autoui_text":
-        html = _phone_page(html, page_chars)
+        html = html[:page_chars]  # its windows too are of what the phone's prompt shows
       made = page_sample(rng, html, skills, max_prompt_chars, sample_chars, f"{prefix}page-{k}", quotes, fmt,
                          page_chars)
       if made is not None:
