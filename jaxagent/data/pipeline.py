@@ -105,11 +105,41 @@ class EncodeOnce:
     return out
 
 
+class EpochShuffle(grain.MapDataset):
+  """Each epoch of `parent` in its own random order, `numpy.random.default_rng([seed, epoch]).permutation`, kept
+  for the epoch; indexed past `len(parent)` (under `repeat(None)`) it reads the next epochs. Grain's `shuffle`
+  computes each index by a cycle walk whose length goes as 1 / items (~7 ms an index at 4 items, 0.3 ms at 100),
+  which in a short stage's few items cost more than its training and held the other threads
+  (docs/results/README.md#test-suite)."""
+
+  def __init__(self, parent: grain.MapDataset, *, seed: int):
+    super().__init__(parent)
+    self._seed = int(seed)
+    self._orders: dict[int, np.ndarray] = {}
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def _order(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      if epoch not in self._orders:
+        self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}  # prefetch reads ≤ 2 epochs
+        self._orders[epoch] = np.random.default_rng([self._seed, epoch]).permutation(len(self._parent))
+      return self._orders[epoch]
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    epoch, within = divmod(index, len(self._parent))
+    return self._parent[int(self._order(epoch)[within]) + epoch * len(self._parent)]
+
+
 def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed: int = 0,
                shuffle: bool = True, cache_bytes: int = ENCODED_CACHE_BYTES) -> grain.MapDataset:
   """Endless MapDataset of this process's batches (the global `batch_size` split over JAX processes).
 
-  Each epoch is reshuffled (Grain's `shuffle` then `repeat`); batches are disjoint across processes. Samples are
+  Each epoch is reshuffled (Grain's shuffle, `EpochShuffle`, then `repeat`); batches are disjoint across processes. Samples are
   encoded once and kept (`EncodeOnce`, up to `cache_bytes`).
   """
   n_proc, proc = jax.process_count(), jax.process_index()
@@ -119,7 +149,7 @@ def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed
     raise ValueError("IL dataset is empty; check config.data.path")
   ds = grain.MapDataset.source(range(len(items)))  # indices, so that the shuffled order is the items' own
   if shuffle:
-    ds = ds.shuffle(seed=seed)
+    ds = EpochShuffle(ds, seed=seed)
   ds = ds.repeat(None).map(EncodeOnce(items, encode, cache_bytes)).batch(batch_size // n_proc, drop_remainder=True)
   if n_proc > 1:
     ds = ds[proc::n_proc]
@@ -148,6 +178,6 @@ def rows_dataset(arrays: dict[str, np.ndarray], *, batch_size: int, seed: int = 
     raise ValueError(f"rows_dataset: arrays need one non-zero leading dimension, got {sizes}")
   if batch_size % n_proc:
     raise ValueError(f"train.batch_size={batch_size} must divide by the {n_proc} JAX processes")
-  ds = grain.MapDataset.source(range(next(iter(sizes.values())))).shuffle(seed=seed).repeat(None)
+  ds = EpochShuffle(grain.MapDataset.source(range(next(iter(sizes.values())))), seed=seed).repeat(None)
   ds = ds.map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size // n_proc, drop_remainder=True)
   return ds[proc::n_proc] if n_proc > 1 else ds

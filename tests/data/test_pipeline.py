@@ -1,5 +1,6 @@
-"""The IL data pipeline's encoded-sample cache: the batches a cached run trains on are those encoding every use
-gives, in the same order, each sample encoded once."""
+"""The IL data pipeline: its shuffle (every epoch a permutation of its own, the same wherever it is read from), and
+its encoded-sample cache (the batches a cached run trains on are those encoding every use gives, in the same order,
+each sample encoded once)."""
 
 import grain
 import numpy as np
@@ -35,8 +36,24 @@ def _batches(ds, n):
 
 def _uncached(items, encode, batch_size, seed):
   """The pipeline as it was before the cache: every use of a sample encodes it."""
-  return grain.MapDataset.source(items).shuffle(seed=seed).repeat(None).map(encode).batch(batch_size,
-                                                                                          drop_remainder=True)
+  return pipeline.EpochShuffle(grain.MapDataset.source(items), seed=seed).repeat(None).map(encode).batch(
+      batch_size, drop_remainder=True)
+
+
+@pytest.mark.parametrize("items", [1, 2, 7, 300])
+def test_each_epoch_is_a_permutation_of_its_own_and_reads_the_same_from_anywhere(items):
+  ds = lambda seed: pipeline.EpochShuffle(grain.MapDataset.source(range(items)), seed=seed).repeat(None)
+  epochs = 6
+  order = [ds(3)[i] for i in range(epochs * items)]
+  by_epoch = [order[e * items:(e + 1) * items] for e in range(epochs)]
+  assert all(sorted(e) == list(range(items)) for e in by_epoch)
+  if items > 2:
+    assert len({tuple(e) for e in by_epoch}) == epochs  # reshuffled every epoch
+    assert [ds(4)[i] for i in range(items)] != by_epoch[0]  # and by the seed
+  resumed = ds(3)
+  assert [resumed[i] for i in reversed(range(epochs * items))] == order[::-1]  # any read order, a fresh dataset
+  far = 10**12 * items + 1
+  assert ds(3)[far] == ds(3)[far] and 0 <= ds(3)[far] < items
 
 
 @pytest.mark.parametrize("cache_bytes", [pipeline.ENCODED_CACHE_BYTES, 0, 100_000])
