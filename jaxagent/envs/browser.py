@@ -190,6 +190,24 @@ def _release_playwright() -> None:
       _remove_tmp_root()
 
 
+def _wait_exited(procs: list, timeout: float) -> list:
+  """Waits until every process in `procs` has exited; returns those still running at `timeout`. A zombie has
+  exited: Chromium's zygotes outlive the browser process, pass to PID 1 and wait there to be reaped (~1 s in a
+  container whose init reaps slowly), holding nothing; `psutil.wait_procs` would wait for that too."""
+  deadline = time.monotonic() + timeout
+  while True:
+    alive = []
+    for p in procs:
+      try:
+        if p.status() != psutil.STATUS_ZOMBIE:
+          alive.append(p)
+      except psutil.NoSuchProcess:
+        pass
+    if not alive or time.monotonic() >= deadline:
+      return alive
+    time.sleep(0.02)
+
+
 def chromium_executable(pw) -> str | None:
   """Playwright's own Chromium if installed (None = let Playwright use it), else Debian's."""
   try:
@@ -395,13 +413,13 @@ class BrowserEnv:
         self._browser.close()
       except Exception:  # already dead or disconnected
         pass
-    _, alive = psutil.wait_procs(procs, timeout=5)
+    alive = _wait_exited(procs, timeout=5)
     for p in alive:  # a browser that ignored close: make sure nothing is left behind
       try:
         p.kill()
       except psutil.NoSuchProcess:
         pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_exited(alive, timeout=5)
     self._browser = self._context = self._page = None
     self._browser_pid = None
     self._cdp = {}
