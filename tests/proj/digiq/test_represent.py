@@ -5,6 +5,7 @@ states at the generated tokens g_1 .. g_{K-1}, K generated tokens, the last one 
 EOS. `prompt_last`: the state at the last prompt token.
 """
 
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -38,13 +39,17 @@ def screen():
   return img
 
 
+@nnx.jit
+def _hidden_states(model, seq, images):
+  return model.hidden_states(seq, images=images, attention_mask=jnp.ones(seq.shape, bool))
+
+
 def _full_hidden(enc, screen, action, generated):
   """Uncached last-layer states [L + len(generated), E] of prompt + generated tokens, and the prompt length L."""
   q_image, prompt = digiq_data.representation_query(screen, action)
   ids = enc._ids(prompt)  # pylint: disable=protected-access
   seq = np.concatenate([ids, np.asarray(generated, np.int32)])[None]
-  hidden, _ = enc.loaded.model.hidden_states(jnp.asarray(seq), images=jnp.asarray(enc._pixels([q_image])),  # pylint: disable=protected-access
-                                             attention_mask=jnp.ones(seq.shape, bool))
+  hidden, _ = _hidden_states(enc.loaded.model, jnp.asarray(seq), jnp.asarray(enc._pixels([q_image])))  # pylint: disable=protected-access
   return np.asarray(hidden[0], np.float32), len(ids)
 
 
