@@ -190,6 +190,15 @@ def _release_playwright() -> None:
       _remove_tmp_root()
 
 
+def _top_level(request) -> bool:
+  """Whether a navigation request loads a page's main document. A new window's first navigation is issued before
+  its frame exists (Playwright raises on `request.frame`): a main document too."""
+  try:
+    return request.frame.parent_frame is None
+  except PlaywrightError:
+    return True
+
+
 def _wait_exited(procs: list, timeout: float) -> list:
   """Waits until every process in `procs` has exited; returns those still running at `timeout`. A zombie has
   exited: Chromium's zygotes outlive the browser process, pass to PID 1 and wait there to be reaped (~1 s in a
@@ -594,7 +603,7 @@ class BrowserEnv:
         self._blocked.append(request.url)  # a redirect hop the proxy will refuse, or one the route blocks
 
   def _on_request_failed(self, request) -> None:
-    if request.is_navigation_request() and request.frame.parent_frame is None:
+    if request.is_navigation_request() and _top_level(request):
       self._nav_failed += 1
 
   def _on_frame_navigated(self, frame) -> None:
@@ -608,7 +617,7 @@ class BrowserEnv:
     if self._allowed(request.url):
       route.continue_()
     elif request.is_navigation_request():
-      if request.frame.parent_frame is None and request.url not in self._blocked:
+      if _top_level(request) and request.url not in self._blocked:
         self._blocked.append(request.url)
       route.fulfill(status=204)  # 204 cancels the navigation: the page stays where it was
     else:

@@ -145,6 +145,8 @@ ESCAPES = ["redirect", "redirect_chain", "link", "link_redirect", "img_redirect"
            "beacon", "websocket", "prefetch", "prerender", "preconnect", "prefetch_link", "iframe", "form",
            "meta_refresh", "location", "window_open", "sw", "event_source"]
 
+NAVIGATIONS = ["redirect", "form", "meta_refresh", "location", "window_open"]
+
 
 def _task(world, page, origins=None):
   return Task(id=page, intent="stay", site="fixture", start_url=f"{world['site']}/{page}",
@@ -166,10 +168,12 @@ def _quiet(env, seconds=1.0):
 @pytest.mark.slow
 def test_no_page_reaches_a_forbidden_origin(env, world, page):
   before = _connections(world)
-  obs = env.reset(_task(world, page))
+  first = env.reset(_task(world, page))
   _quiet(env)
   obs, _, _, info = env.step(Action(ActionKind.WAIT))
   assert _connections(world) == before, f"{page}: {world['same_host'].requests + world['other_host'].requests}"
+  if page in NAVIGATIONS:  # a document the page asked for is blocked and reported (a new window's too)
+    assert "was blocked" in first.error + obs.error, (first.error, obs.error, info["blocked"])
   assert "FORBIDDEN" not in obs.title and "escaped" not in obs.element_text
   assert egress.allowed(env.page.url, (world["site"],)) or env.page.url.startswith("about:")
 
