@@ -79,7 +79,7 @@ def get_config(arg=None):
     c.model.decoder.update(hidden_size=64, num_layers=1, head_dim=16, intermediate_size=128)
     c.tasks.update(names="click-button,click-link", train_seeds=4, test_seeds=2, max_steps=3)
     c.env.workers = 2
-    c.sampling.max_tokens = 16
+    c.sampling.max_tokens = 32  # a whole reply: at 16 the WebRL action was cut, every episode malformed, no update
     c.demos.episodes = 8
     c.il.update(config_lib.stage(steps=150, batch_size=4, lr=3e-3))  # clicks something: a group's rewards differ
     c.grpo.update(rounds=2, tasks_per_round=2, group_size=2, epochs=1, checkpoint_every=1)
