@@ -139,7 +139,7 @@ def il_dataset(items: list[dict], encode: EncodeSample, *, batch_size: int, seed
                shuffle: bool = True, cache_bytes: int = ENCODED_CACHE_BYTES) -> grain.MapDataset:
   """Endless MapDataset of this process's batches (the global `batch_size` split over JAX processes).
 
-  Each epoch is reshuffled (Grain's shuffle, `EpochShuffle`, then `repeat`); batches are disjoint across processes. Samples are
+  Each epoch is reshuffled (`EpochShuffle`, then `repeat`); batches are disjoint across processes. Samples are
   encoded once and kept (`EncodeOnce`, up to `cache_bytes`).
   """
   n_proc, proc = jax.process_count(), jax.process_index()

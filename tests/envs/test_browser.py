@@ -430,3 +430,27 @@ def test_browsers_carry_no_secrets(site, monkeypatch):
     assert seen >= 1  # the browser's own environment at least
   finally:
     e.close()
+
+
+def test_a_zombie_counts_as_exited_and_a_running_process_is_returned():
+  """A closed browser's zygotes wait as zombies for PID 1 to reap them: they hold nothing, so closing does not wait."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from jaxagent.envs import browser  # pylint: disable=g-import-not-at-top
+  done = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; never reaped until wait(): a zombie
+  running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+  try:
+    zombie = psutil.Process(done.pid)
+    deadline = time.monotonic() + 10
+    while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+      time.sleep(0.01)
+    start = time.monotonic()
+    assert browser._wait_exited([zombie], timeout=5) == []  # pylint: disable=protected-access
+    assert time.monotonic() - start < 1
+    alive = browser._wait_exited([zombie, psutil.Process(running.pid)], timeout=0.2)  # pylint: disable=protected-access
+    assert [p.pid for p in alive] == [running.pid]
+  finally:
+    running.kill()
+    running.wait()
+    done.wait()
