@@ -109,7 +109,7 @@ class EpochShuffle(grain.MapDataset):
   """Each epoch of `parent` in its own random order, `numpy.random.default_rng([seed, epoch]).permutation`, kept
   for the epoch; indexed past `len(parent)` (under `repeat(None)`) it reads the next epochs. Grain's `shuffle`
   computes each index by a cycle walk whose length goes as 1 / items (~7 ms an index at 4 items, 0.3 ms at 100),
-  which in a short stage's few items cost more than its training and held the other threads
+  paid at every read in the prefetch threads: on a short stage's few items, more than its training
   (docs/results/README.md#test-suite)."""
 
   def __init__(self, parent: grain.MapDataset, *, seed: int):
