@@ -124,8 +124,29 @@ def _bf16_matmul_bwd(float32_out, residuals, g):
   x, w = residuals
   g = g.astype(x.dtype)
   dx = jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  dw = jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  x_t = materialized_transpose(x)
+  if x_t is None:
+    dw = jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  else:
+    dw = jax.lax.dot_general(x_t, g, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
   return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def materialized_transpose(x: jax.Array) -> jax.Array | None:
+  """`x.T` of a 2-D `x`, written so that XLA:CPU stores it transposed before the product that reads it; None
+  where neither dimension is even.
+
+  XLA:CPU's matmul library takes bfloat16 operands only with the left one's contracted dimension last, and it
+  decides before any transpose is materialized: `x.T @ g` (a weight's gradient, contracted over the tokens) and
+  `x.T` as a plain transpose (a column-major view of `x`) both ran as float32 products of converted operands, at
+  half the bfloat16 rate. Through a reshape that splits an even dimension, the transposed copy is laid out row-major
+  first and the product takes it in bfloat16 (docs/results/performance.md, "bfloat16 on CPU")."""
+  m, k = x.shape
+  if m % 2 == 0:
+    return x.reshape(m // 2, 2, k).transpose(2, 0, 1).reshape(k, m)
+  if k % 2 == 0:
+    return x.reshape(m, k // 2, 2).transpose(1, 2, 0).reshape(k, m)
+  return None
 
 
 bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)

@@ -1,6 +1,8 @@
 """`layers.Dense` on one row (a decode step at batch 1): the product split over contraction chunks gives the plain
 product's values, and it is what the compiled program runs on CPU."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,3 +87,48 @@ def test_bfloat16_products_on_cpu_multiply_bfloat16_operands_in_the_backward_too
   want = jax.grad(loss, argnums=(0, 1))(x, kernel, lambda x, k: x @ k)
   for g, w in zip(got, want):
     assert float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w)) < 0.02
+
+
+def _compiled_products(text: str) -> list[tuple[bool, tuple[str, str]]]:
+  """Each product of a compiled CPU program: whether its matmul library runs it (a `__ynn_fusion`) and its
+  operands' element types."""
+  ynn = set(re.findall(r"calls=%([\w.\-]+),[^\n]*__ynn_fusion", text))
+  products, computation, types = [], None, {}
+  for line in text.splitlines():
+    if header := re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line):
+      computation, types = header.group(1), {}
+    elif op := re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[", line):
+      types[op.group(1)] = op.group(2)
+      if dot := re.search(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", line):
+        products.append((computation in ynn, (types[dot.group(1)], types[dot.group(2)])))
+  return products
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (15, 64)])
+def test_bfloat16_weight_gradients_on_cpu_run_in_bfloat16(shape):
+  """A weight's gradient `x.T @ g` contracts the left operand over its first dimension, which XLA:CPU's matmul
+  library refuses in bfloat16: it ran as a float32 product of converted operands, at half the bfloat16 rate.
+  Through `materialized_transpose`, all three products of `bf16_matmul` (forward, input and weight gradients) run
+  in the library on bfloat16 operands, an odd token count included, and the gradients stay the float32 ones'."""
+  x = jax.random.normal(jax.random.key(4), shape)
+  kernel = jax.random.normal(jax.random.key(5), (shape[1], 96)) / 8
+
+  def loss(x, kernel, product):
+    return jnp.sum(jnp.square(product(x, kernel).astype(jnp.float32)))
+
+  bf16 = lambda x, k: layers.bf16_matmul(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16))
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+  products = _compiled_products(grad.lower(x, kernel, bf16).compile().as_text())
+  assert len(products) == 3 and all(ynn and types == ("bf16", "bf16") for ynn, types in products), products
+  for got, want in zip(grad(x, kernel, bf16), jax.grad(loss, argnums=(0, 1))(x, kernel, lambda x, k: x @ k)):
+    assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 0.02
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (5, 4), (6, 3), (5, 3)])
+def test_materialized_transpose_is_the_transpose(shape):
+  x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+  got = jax.jit(layers.materialized_transpose)(x) if shape != (5, 3) else layers.materialized_transpose(x)
+  if shape == (5, 3):
+    assert got is None
+  else:
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x).T)
