@@ -107,29 +107,37 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
   return bf16_matmul(x, w)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def bf16_matmul(x: jax.Array, w: jax.Array, float32_out: bool = False) -> jax.Array:
-  """bfloat16 `x [M, K] @ w [K, N]` with float32 results, rounded to bfloat16 (or kept, `float32_out`: logits),
-  forward and backward."""
-  out = jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def bf16_matmul(x: jax.Array, w: jax.Array, float32_out: bool = False, w_transposed: bool = False) -> jax.Array:
+  """bfloat16 `x [M, K] @ w [K, N]` (or `@ w.T` of a `w` [N, K] stored so: `w_transposed`, a tied embedding) with
+  float32 results, rounded to bfloat16 (or kept, `float32_out`: logits), forward and backward. Every product is
+  written in a form XLA:CPU's matmul library takes in bfloat16; `x @ w.T` as a transposed operand ran as a
+  float32 product of converted operands (see `materialized_transpose`)."""
+  out = jax.lax.dot_general(x, w, (((1,), (1 if w_transposed else 0,)), ((), ())),
+                            preferred_element_type=jnp.float32)
   return out if float32_out else out.astype(x.dtype)
 
 
-def _bf16_matmul_fwd(x, w, float32_out):
-  return bf16_matmul(x, w, float32_out), (x, w)
+def _bf16_matmul_fwd(x, w, float32_out, w_transposed):
+  return bf16_matmul(x, w, float32_out, w_transposed), (x, w)
 
 
-def _bf16_matmul_bwd(float32_out, residuals, g):
+def _bf16_matmul_bwd(float32_out, w_transposed, residuals, g):
   del float32_out
   x, w = residuals
   g = g.astype(x.dtype)
-  dx = jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  x_t = materialized_transpose(x)
-  if x_t is None:
-    dw = jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  dx = jax.lax.dot_general(g, w, (((1,), (0 if w_transposed else 1,)), ((), ())), preferred_element_type=jnp.float32)
+  # dw = x.T @ g [K, N], or g.T @ x [N, K]: the left operand contracted over the tokens, transposed first.
+  left, right = (g, x) if w_transposed else (x, g)
+  left_t = materialized_transpose(left)
+  if left_t is None:
+    dw = jax.lax.dot_general(left, right, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
   else:
-    dw = jax.lax.dot_general(x_t, g, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    dw = jax.lax.dot_general(left_t, right, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
   return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def materialized_transpose(x: jax.Array) -> jax.Array | None:
@@ -147,9 +155,6 @@ def materialized_transpose(x: jax.Array) -> jax.Array | None:
   if k % 2 == 0:
     return x.reshape(m, k // 2, 2).transpose(1, 2, 0).reshape(k, m)
   return None
-
-
-bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def one_row_product(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -177,20 +182,20 @@ class Embed(nnx.Module):
 
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied logits [..., V], as one 2-D product over the flattened tokens (see `logits_2d`)."""
-    return logits_2d(x.astype(self.dtype), self.embedding.get_value().astype(self.dtype).T)
+    return logits_2d(x.astype(self.dtype), self.embedding.get_value().astype(self.dtype), kernel_transposed=True)
 
 
-def logits_2d(hidden: jax.Array, kernel: jax.Array) -> jax.Array:
-  """float32 logits [..., V] of `hidden` [..., E] through `kernel` [E, V], as one 2-D product over the flattened
-  tokens. Written as an einsum over [B, T, E], its backward made XLA:CPU write the log-softmax gradient
+def logits_2d(hidden: jax.Array, kernel: jax.Array, kernel_transposed: bool = False) -> jax.Array:
+  """float32 logits [..., V] of `hidden` [..., E] through `kernel` [E, V] (or [V, E], `kernel_transposed`: a tied
+  embedding, read as it is stored), as one 2-D product over the flattened tokens. Written as an einsum over [B, T, E], its backward made XLA:CPU write the log-softmax gradient
   transposed ([V, B·T]) inside the fusion that computes it: 22 of the tiny VLM's 159 ms train step; the 2-D
   form takes 117 ms (docs/results/performance.md, "2-D logits")."""
   flat = hidden.reshape(-1, hidden.shape[-1])
   if product_type(hidden.dtype) is not None and kernel.dtype == hidden.dtype:  # bfloat16 on CPU: see `matmul`
-    out = bf16_matmul(flat, kernel, True)
+    out = bf16_matmul(flat, kernel, True, kernel_transposed)
   else:
-    out = jnp.dot(flat, kernel, preferred_element_type=jnp.float32)
-  return out.reshape(*hidden.shape[:-1], kernel.shape[-1])
+    out = jnp.dot(flat, kernel.T if kernel_transposed else kernel, preferred_element_type=jnp.float32)
+  return out.reshape(*hidden.shape[:-1], kernel.shape[0 if kernel_transposed else -1])
 
 
 # ----------------------------------------------------------------------------------------------------

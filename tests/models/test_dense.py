@@ -104,23 +104,26 @@ def _compiled_products(text: str) -> list[tuple[bool, tuple[str, str]]]:
   return products
 
 
+@pytest.mark.parametrize("w_transposed", [False, True])
 @pytest.mark.parametrize("shape", [(16, 64), (15, 64)])
-def test_bfloat16_weight_gradients_on_cpu_run_in_bfloat16(shape):
-  """A weight's gradient `x.T @ g` contracts the left operand over its first dimension, which XLA:CPU's matmul
-  library refuses in bfloat16: it ran as a float32 product of converted operands, at half the bfloat16 rate.
-  Through `materialized_transpose`, all three products of `bf16_matmul` (forward, input and weight gradients) run
-  in the library on bfloat16 operands, an odd token count included, and the gradients stay the float32 ones'."""
+def test_bfloat16_weight_gradients_on_cpu_run_in_bfloat16(shape, w_transposed):
+  """A weight's gradient `x.T @ g` contracts the left operand over its first dimension, and a tied embedding's
+  logits `x @ w.T` read a transposed right one: XLA:CPU's matmul library refuses both in bfloat16, which ran as
+  float32 products of converted operands, at half the bfloat16 rate. All three products of `bf16_matmul` (forward,
+  input and weight gradients) now run in the library on bfloat16 operands, an odd token count included, and the
+  gradients stay the float32 ones'."""
   x = jax.random.normal(jax.random.key(4), shape)
-  kernel = jax.random.normal(jax.random.key(5), (shape[1], 96)) / 8
+  kernel = jax.random.normal(jax.random.key(5), (96, shape[1]) if w_transposed else (shape[1], 96)) / 8
 
   def loss(x, kernel, product):
     return jnp.sum(jnp.square(product(x, kernel).astype(jnp.float32)))
 
-  bf16 = lambda x, k: layers.bf16_matmul(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16))
+  bf16 = lambda x, k: layers.bf16_matmul(x.astype(jnp.bfloat16), k.astype(jnp.bfloat16), False, w_transposed)
   grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
   products = _compiled_products(grad.lower(x, kernel, bf16).compile().as_text())
   assert len(products) == 3 and all(ynn and types == ("bf16", "bf16") for ynn, types in products), products
-  for got, want in zip(grad(x, kernel, bf16), jax.grad(loss, argnums=(0, 1))(x, kernel, lambda x, k: x @ k)):
+  plain = lambda x, k: x @ (k.T if w_transposed else k)
+  for got, want in zip(grad(x, kernel, bf16), jax.grad(loss, argnums=(0, 1))(x, kernel, plain)):
     assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 0.02
 
 
