@@ -9,7 +9,7 @@ run (the same checkpoint directory, adapters of the same rank, alpha and targets
 `torch.autocast` for bfloat16) and ours / PyTorch per mode.
 
   python benchmarks/lora.py [--rank 8] [--batch 2] [--seq 256] [--steps 3] [--dtype bfloat16] [--attention flash]
-                            [--torch] [--json out.json]
+                            [--remat full] [--torch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,12 +44,13 @@ def lm_loss(model, batch, rng):
   return loss, {}
 
 
-def _config(rank: int, seq: int, dtype: str = "float32", attention: str = "xla"):
+def _config(rank: int, seq: int, dtype: str = "float32", attention: str = "xla", remat: str = "none"):
   config = il_config.get_config("text")
   config.model.hf_checkpoint = "smollm2"
   config.model.lora.rank = rank
   config.model.dtype = dtype
   config.model.attention = attention
+  config.model.remat = remat
   config.data.seq_len = seq
   config.optim.update(lr=1e-4, warmup_steps=0)
   return config
@@ -60,8 +61,8 @@ def _nbytes(tree) -> int:
 
 
 def measure(rank: int, batch: int, seq: int, steps: int, tokenizer, dtype: str = "float32",
-            attention: str = "xla") -> dict:
-  config = _config(rank, seq, dtype, attention)
+            attention: str = "xla", remat: str = "none") -> dict:
+  config = _config(rank, seq, dtype, attention, remat)
   built = models.build(config, tokenizer)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
   tx, schedule = make_optimizer(config.optim, 100)
@@ -155,15 +156,17 @@ def main():
                       help="the compute dtype (parameters stay float32)")
   parser.add_argument("--attention", choices=("xla", "flash"), default="xla",
                       help="our attention kernel (config.model.attention); PyTorch runs its default (sdpa)")
+  parser.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="none",
+                      help="our recomputation policy (config.model.remat); PyTorch keeps every activation")
   parser.add_argument("--torch", action="store_true", help="also both modes in PyTorch + transformers, same run")
   args = parser.parse_args()
 
   tokenizer = load_tokenizer(gguf.checkpoint_dir("smollm2"), require_image_token=False)
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
                      "device": str(jax.devices()[0]), "load_avg_at_start": os.getloadavg()},
-         "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "attention": args.attention}
-  full = measure(0, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention)
-  lora = measure(args.rank, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention)
+         "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "attention": args.attention, "remat": args.remat}
+  full = measure(0, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention, args.remat)
+  lora = measure(args.rank, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention, args.remat)
   out.update(full=full, lora=lora)
   if args.torch:
     import torch  # pylint: disable=g-import-not-at-top
