@@ -8,11 +8,11 @@ WebRL's (the original's cut) rendered with SmolLM2's chat template, as `configs/
 `--decisions` prompts (the first `--steps` of each episode) are answered greedily with up to `--max-tokens` new
 tokens, at batch 1 and 8 as an evaluation asks them (`lockstep`: a call holds the next step of each of `batch`
 running episodes), each side after one untimed pass over the same calls (compilation; the prefix cache emptied
-after it). Greedy replies are compared token by token (float32 on both sides; a different token is reported, not
-an error: near-ties may round apart).
+after it). Greedy replies are compared token by token (a different token is reported, not an error: near-ties may
+round apart). `--dtype bfloat16` holds and computes the weights in bfloat16 on both sides (`torch` `.to(bfloat16)`).
 
   python benchmarks/acting.py [--decisions 16] [--steps 2] [--max-tokens 64] [--torch] [--padded] [--prefix-cache]
-      [--continuous] [--json out.json]
+      [--continuous] [--dtype bfloat16] [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
 The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
@@ -22,6 +22,7 @@ at the matmul rate measured in the same run, a floor no batch size lowers, since
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -42,6 +43,7 @@ from jaxagent.envs.sites import bench, expert
 from jaxagent.envs.sites.text_env import SiteTextEnv
 from jaxagent.models import flops
 from jaxagent.models.hf import gguf
+from jaxagent.models.hf import llama as hf_llama
 from jaxagent.pipeline.policy import ModelPolicy
 from jaxagent.serving.checkpoint import load_policy
 from jaxagent.serving.continuous import ContinuousEngine
@@ -161,10 +163,10 @@ def measure_continuous(policy: ModelPolicy, prompts: list[str], calls: list[list
 
 
 def measure_torch(hf_dir: str, ids: list[np.ndarray], calls: list[list[int]], max_tokens: int, eos: list[int],
-                  pad: int) -> dict:
+                  pad: int, dtype: str = "float32") -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
 
   def run(rows: list[np.ndarray]) -> list[list[int]]:
     width = max(len(r) for r in rows)  # left padding, as `generate` wants for a decoder
@@ -203,11 +205,16 @@ def main(argv=None) -> dict:
                       help="also the server's continuous engine (each row prefilled at its own width), same run")
   parser.add_argument("--prefix-intents", type=int, default=24,
                       help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the weights' storage and compute dtype, both sides")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
   args = parser.parse_args(argv)
   sizes = [int(b) for b in args.batches.split(",")]
   hf_dir = gguf.smollm2_hf_dir()
   loaded = load_policy(hf_dir)
+  if args.dtype != "float32":
+    loaded = dataclasses.replace(loaded, model=hf_llama.load_pretrained(hf_dir, dtype=args.dtype,
+                                                                        param_dtype=args.dtype)[0])
   engine = lambda **kw: Engine(loaded, max_batch=max(sizes), max_new_tokens=args.max_tokens, **kw)
   policy = ModelPolicy(loaded, WebRL(), engine(), temperature=0.0, max_tokens=args.max_tokens)
   episodes = benchmark_episodes(policy, args.decisions, args.steps)
@@ -216,11 +223,11 @@ def main(argv=None) -> dict:
   ids = [policy.engine.prepare(GenerationRequest(prompt=p, max_tokens=args.max_tokens, temperature=0.0)).ids
          for p in prompts]  # the ids our engine samples from: PyTorch gets the same
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _processor(),
-                     "jax": jax.__version__},
+                     "jax": jax.__version__}, "dtype": args.dtype,
          "model": hf_dir, "decisions": len(prompts), "episodes": len(episodes), "max_tokens": args.max_tokens,
          "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
          "ours": {str(b): measure_ours(policy, prompts, calls[b]) for b in sizes}}
-  rate = mfu.measured_matmul_flops(n=2048)
+  rate = mfu.measured_matmul_flops(n=2048, dtype=args.dtype)
   floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
   out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
   others = {}  # name → (what the printed line calls it, its measure at a batch size)
@@ -240,7 +247,8 @@ def main(argv=None) -> dict:
     eos = sorted(int(e) for e in loaded.eos_ids)
     out["torch_version"] = torch.__version__
     others["torch"] = ("PyTorch `generate`",
-                       lambda b: measure_torch(hf_dir, ids, calls[b], args.max_tokens, eos, int(loaded.pad_id)))
+                       lambda b: measure_torch(hf_dir, ids, calls[b], args.max_tokens, eos, int(loaded.pad_id),
+                                                     args.dtype))
   for name, (_, measure) in others.items():
     out[name] = {str(b): measure(b) for b in sizes}
     for b in sizes:

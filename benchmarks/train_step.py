@@ -2,8 +2,8 @@
 
 For a tiny and a ~100M-parameter Llama-style decoder: tokens/s of one full optimizer step (forward, backward,
 AdamW with clipping) at the same batch and sequence length, the ratio ours / PyTorch (target ≥ 1.2), and MFU:
-analytic model FLOPs (`train.mfu`) / step time / the matmul rate measured on this machine in this run
-(target ≥ 35% for ~100M).
+analytic model FLOPs (`train.mfu`) / step time / the matmul rate measured on this machine in this run, in the
+compute dtype (target ≥ 35% for ~100M).
 
   python benchmarks/train_step.py --json /tmp/train_step.json [--steps 3] [--only tiny] [--profile]
   python benchmarks/train_step.py --json /tmp/train_step_bf16.json --dtype bfloat16
@@ -165,7 +165,7 @@ def main():
 
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count() or 1)
-  peak = mfu.measured_matmul_flops(n=2048)
+  peak = mfu.measured_matmul_flops(n=2048, dtype=args.dtype)  # the rate of the step's products
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
                      "torch": torch.__version__, "jax_device": str(jax.devices()[0]),
                      "load_avg_at_start": os.getloadavg()},

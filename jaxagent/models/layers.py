@@ -331,16 +331,97 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   """`dot_product_attention` for a mask causal in slot order over the input itself (no cache), with the query
   rows in blocks, each against the keys up to its own last row: the scores of the blocks above the diagonal, all
   masked, are never computed (at 5 blocks 40 % fewer). The same result, as those keys carry no weight; on the
-  2-core CPU the tiny decoder's train step is ~1.2x faster (benchmarks/train_step.py)."""
+  2-core CPU the tiny decoder's train step is ~1.2x faster (benchmarks/train_step.py). In bfloat16 on CPU it takes
+  its own backward (`_bf16_causal_blocks`), one block or more."""
   t = q.shape[1]
   rows = max(block_rows, -(-t // max_blocks))
-  if t != k.shape[1] or t <= rows:
+  if t != k.shape[1]:
+    return dot_product_attention(q, k, v, mask)
+  if product_type(q.dtype) is not None and q.dtype == k.dtype == v.dtype:  # bfloat16 on CPU
+    return _bf16_causal_blocks(q, k, v, mask, min(rows, t))
+  if t <= rows:
     return dot_product_attention(q, k, v, mask)
   outs = []
   for start in range(0, t, rows):
     end = min(t, start + rows)
     outs.append(dot_product_attention(q[:, start:end], k[:, :end], v[:, :end], mask[:, :, start:end, :end]))
   return jnp.concatenate(outs, axis=1)
+
+
+def _causal_blocks_forward(q, k, v, mask, rows):
+  """`causal_block_attention`'s blocks, in the heads-first layout: the output [B, T, H, D] and each query block's
+  float32 probabilities [B, K, G, rows, end]."""
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  qh = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+  kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+  outs, probs = [], []
+  for start in range(0, t, rows):
+    end = min(t, start + rows)
+    scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, start:end], kh[:, :, :end],
+                        preferred_element_type=jnp.float32) / math.sqrt(d)
+    p = jax.nn.softmax(jnp.where(mask[:, :, None, start:end, :end], scores, _NEG_INF), axis=-1)
+    outs.append(jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vh[:, :, :end],
+                           preferred_element_type=jnp.float32).astype(v.dtype))
+    probs.append(p)
+  return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d), probs
+
+
+def _contract_rows(x: jax.Array, y: jax.Array) -> jax.Array:
+  """`x [B, K, M, N]`, `y [B, K, M, D]` -> float32 `x.T @ y` [B, K, N, D] over M, with `x` transposed first
+  through an even split of M, the form XLA:CPU's library takes in bfloat16 (see `materialized_transpose`)."""
+  b, kv, m, n = x.shape
+  if m % 2:
+    return jnp.einsum("bkmn,bkmd->bknd", x, y, preferred_element_type=jnp.float32)
+  x_t = x.reshape(b, kv, m // 2, 2, n).transpose(0, 1, 4, 2, 3).reshape(b, kv, n, m)
+  return jax.lax.dot_general(x_t, y, (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _bf16_causal_blocks(q, k, v, mask, rows):
+  """`causal_block_attention` in bfloat16 on CPU, with a backward whose products all take bfloat16 operands and
+  whose key and value gradients are summed in float32 block by block. Through autodiff, each query block's key
+  and value gradients were padded to full length and summed in bfloat16, converted at every addition, and the
+  products' backward multiplied float32 cotangents: SmolLM2's bfloat16 LoRA step spent more in that than in
+  attention's products (docs/results/performance.md, "Zen 4")."""
+  return _causal_blocks_forward(q, k, v, mask, rows)[0]
+
+
+def _bf16_causal_blocks_fwd(q, k, v, mask, rows):
+  out, probs = _causal_blocks_forward(q, k, v, mask, rows)
+  return out, (q, k, v, mask, probs)
+
+
+def _bf16_causal_blocks_bwd(rows, residuals, d_out):
+  q, k, v, mask, probs = residuals
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  g = h // kv_heads
+  qh = q.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+  kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+  d_oh = d_out.astype(v.dtype).reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4)
+  starts = list(range(0, t, rows))
+  dq, dk_parts, dv_parts = [], [[] for _ in starts], [[] for _ in starts]
+  for i, start in enumerate(starts):
+    end = min(t, start + rows)
+    p, d_oi = probs[i], d_oh[:, :, :, start:end]
+    dp = jnp.einsum("bkgtd,bksd->bkgts", d_oi, vh[:, :, :end], preferred_element_type=jnp.float32)
+    ds = (p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True)) / math.sqrt(d)).astype(q.dtype)
+    dq.append(jnp.einsum("bkgts,bksd->bkgtd", ds, kh[:, :, :end], preferred_element_type=jnp.float32))
+    flat = lambda x: x.reshape(b, kv_heads, g * (end - start), x.shape[-1])  # [B, K, G·rows, ...]
+    dv_i = _contract_rows(flat(p.astype(v.dtype)), flat(d_oi))  # [B, K, end, D]
+    dk_i = _contract_rows(flat(ds), flat(qh[:, :, :, start:end]))
+    for j, key_start in enumerate(starts[:i + 1]):  # block j of the keys gets its rows of both
+      key_end = min(t, key_start + rows)
+      dk_parts[j].append(dk_i[:, :, key_start:key_end])
+      dv_parts[j].append(dv_i[:, :, key_start:key_end])
+  whole = lambda parts: jnp.concatenate([sum(block[1:], block[0]) for block in parts], axis=2)  # [B, K, S, D]
+  dq = jnp.concatenate(dq, axis=3).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
+  return (dq, whole(dk_parts).transpose(0, 2, 1, 3).astype(k.dtype),
+          whole(dv_parts).transpose(0, 2, 1, 3).astype(v.dtype), None)
+
+
+_bf16_causal_blocks.defvjp(_bf16_causal_blocks_fwd, _bf16_causal_blocks_bwd)
 
 
 # Query and key rows of one `flash_attention` tile: its scores are [B, K, G, 512, 512] float32 (SmolLM2's 9 heads

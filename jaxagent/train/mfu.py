@@ -37,11 +37,13 @@ def device_peak_flops(device: jax.Device | None = None) -> float | None:
 
 @functools.lru_cache(maxsize=None)
 def measured_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5) -> float:
-  """FLOP/s of a jitted n×n×n matmul on one device of this machine (best of `repeats`; cached per process)."""
+  """FLOP/s of a jitted n×n×n matmul on one device of this machine (best of `repeats`; cached per process). A
+  bfloat16 product writes float32 results, as the models' products do (`layers.product_type`): XLA:CPU runs a
+  bfloat16-result product as a float32 one."""
   dev = jax.devices()[0]
   a = jax.device_put(jnp.ones((n, n), dtype), dev)
   b = jax.device_put(jnp.ones((n, n), dtype), dev)
-  f = jax.jit(lambda x, y: x @ y)
+  f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
   f(a, b).block_until_ready()
   best = float("inf")
   for _ in range(repeats):

@@ -68,6 +68,38 @@ def test_query_blocks_against_their_key_prefix_give_the_full_attention_and_its_g
                                 layers.dot_product_attention(*short, short_mask))
 
 
+@pytest.mark.parametrize("t", [150, 12])
+@pytest.mark.slow
+def test_query_blocks_in_bfloat16_on_cpu_run_their_backward_in_bfloat16(t):
+  """`causal_block_attention` in bfloat16 on CPU (its own backward: every product on bfloat16 operands, the key and
+  value gradients summed in float32 block by block) gives float32 attention's values and gradients within bfloat16
+  rounding, with padding; and every product of its compiled gradient runs in XLA:CPU's library in bfloat16."""
+  from test_dense import _compiled_products  # pylint: disable=g-import-not-at-top
+  q, k, v = _qkv(t=t)  # blocks of 64, 64 and 22 rows; one block
+  valid = jnp.array([[True] * t, [True] * (t * 2 // 3) + [False] * (t - t * 2 // 3), [False] * 7 + [True] * (t - 7)])
+  slots = jnp.broadcast_to(jnp.arange(t), (3, t))
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  mask = layers.attention_mask(slots, slots, valid, positions, positions)
+  real = np.asarray(jnp.any(mask[:, 0], -1))[:, :, None, None]
+  weights = jax.random.normal(jax.random.key(1), q.shape)
+
+  def loss(fn, dtype):
+    def f(q, k, v):
+      out = fn(q.astype(dtype), k.astype(dtype), v.astype(dtype), mask).astype(jnp.float32)
+      return jnp.sum(jnp.where(real, out * weights, 0.0))
+    return f
+
+  got = jax.jit(jax.value_and_grad(loss(layers.causal_block_attention, jnp.bfloat16), (0, 1, 2)))
+  want = jax.value_and_grad(loss(layers.dot_product_attention, jnp.float32), (0, 1, 2))(q, k, v)
+  (value, grads), (want_value, want_grads) = got(q, k, v), want
+  assert abs(float(value - want_value)) < 0.02 * float(jnp.sum(jnp.abs(weights)))
+  for g, w in zip(grads, want_grads):
+    assert float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w)) < 0.02
+  products = _compiled_products(got.lower(q, k, v).compile().as_text())
+  assert len(products) == (3 if t > 64 else 1) * (2 + 4), products  # per block: 2 forward, 4 backward
+  assert all(ynn and types == ("bf16", "bf16") for ynn, types in products), products
+
+
 def _routed(monkeypatch):
   calls, original = [], layers.fused_causal_attention
 
