@@ -141,20 +141,23 @@ bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def materialized_transpose(x: jax.Array) -> jax.Array | None:
-  """`x.T` of a 2-D `x`, written so that XLA:CPU stores it transposed before the product that reads it; None
-  where neither dimension is even.
+  """`x` with its last two axes swapped, written so that XLA:CPU stores it transposed before the product that reads
+  it; None where neither axis is even.
 
   XLA:CPU's matmul library takes bfloat16 operands only with the left one's contracted dimension last, and it
   decides before any transpose is materialized: `x.T @ g` (a weight's gradient, contracted over the tokens) and
   `x.T` as a plain transpose (a column-major view of `x`) both ran as float32 products of converted operands, at
-  half the bfloat16 rate. Through a reshape that splits an even dimension, the transposed copy is laid out row-major
-  first and the product takes it in bfloat16 (docs/results/performance.md, "bfloat16 on CPU")."""
-  m, k = x.shape
+  half the bfloat16 rate. Through a reshape that splits an even axis, the transposed copy is laid out row-major
+  first and the product takes it in bfloat16 (docs/results/performance.md, "Zen 4")."""
+  *lead, m, k = x.shape
+  n = len(lead)
   if m % 2 == 0:
-    return x.reshape(m // 2, 2, k).transpose(2, 0, 1).reshape(k, m)
-  if k % 2 == 0:
-    return x.reshape(m, k // 2, 2).transpose(1, 2, 0).reshape(k, m)
-  return None
+    split, order = (*lead, m // 2, 2, k), (n + 2, n, n + 1)
+  elif k % 2 == 0:
+    split, order = (*lead, m, k // 2, 2), (n + 1, n + 2, n)
+  else:
+    return None
+  return x.reshape(split).transpose(*range(n), *order).reshape(*lead, k, m)
 
 
 def one_row_product(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -187,9 +190,10 @@ class Embed(nnx.Module):
 
 def logits_2d(hidden: jax.Array, kernel: jax.Array, kernel_transposed: bool = False) -> jax.Array:
   """float32 logits [..., V] of `hidden` [..., E] through `kernel` [E, V] (or [V, E], `kernel_transposed`: a tied
-  embedding, read as it is stored), as one 2-D product over the flattened tokens. Written as an einsum over [B, T, E], its backward made XLA:CPU write the log-softmax gradient
-  transposed ([V, B·T]) inside the fusion that computes it: 22 of the tiny VLM's 159 ms train step; the 2-D
-  form takes 117 ms (docs/results/performance.md, "2-D logits")."""
+  embedding, read as it is stored), as one 2-D product over the flattened tokens. Written as an einsum over
+  [B, T, E], its backward made XLA:CPU write the log-softmax gradient transposed ([V, B·T]) inside the fusion that
+  computes it: 22 of the tiny VLM's 159 ms train step; the 2-D form takes 117 ms (docs/results/performance.md,
+  "2-D logits")."""
   flat = hidden.reshape(-1, hidden.shape[-1])
   if product_type(hidden.dtype) is not None and kernel.dtype == hidden.dtype:  # bfloat16 on CPU: see `matmul`
     out = bf16_matmul(flat, kernel, True, kernel_transposed)
@@ -319,11 +323,16 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   groups = h // kv_heads
   q = q.reshape(b, t, kv_heads, groups, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
   k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
-  scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(d)
-  scores = jnp.where(mask[:, :, None], scores, _NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  probs = _grouped_probs(q, k, mask).astype(v.dtype)
   out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, preferred_element_type=product_type(v.dtype)).astype(v.dtype)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _grouped_probs(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
+  """float32 attention probabilities [B, K, G, T, S] of heads-first `q` [B, K, G, T, D] over `k` [B, K, S, D]
+  under `mask` [B, 1, T, S]."""
+  scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+  return jax.nn.softmax(jnp.where(mask[:, :, None], scores, _NEG_INF), axis=-1)
 
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, block_rows: int = 64,
@@ -358,9 +367,7 @@ def _causal_blocks_forward(q, k, v, mask, rows):
   outs, probs = [], []
   for start in range(0, t, rows):
     end = min(t, start + rows)
-    scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, start:end], kh[:, :, :end],
-                        preferred_element_type=jnp.float32) / math.sqrt(d)
-    p = jax.nn.softmax(jnp.where(mask[:, :, None, start:end, :end], scores, _NEG_INF), axis=-1)
+    p = _grouped_probs(qh[:, :, :, start:end], kh[:, :, :end], mask[:, :, start:end, :end])
     outs.append(jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vh[:, :, :end],
                            preferred_element_type=jnp.float32).astype(v.dtype))
     probs.append(p)
@@ -368,12 +375,11 @@ def _causal_blocks_forward(q, k, v, mask, rows):
 
 
 def _contract_rows(x: jax.Array, y: jax.Array) -> jax.Array:
-  """`x [B, K, M, N]`, `y [B, K, M, D]` -> float32 `x.T @ y` [B, K, N, D] over M, with `x` transposed first
-  through an even split of M, the form XLA:CPU's library takes in bfloat16 (see `materialized_transpose`)."""
-  b, kv, m, n = x.shape
-  if m % 2:
+  """`x [B, K, M, N]`, `y [B, K, M, D]` -> float32 `x.T @ y` [B, K, N, D] over M, `x` transposed first
+  (`materialized_transpose`: the form XLA:CPU's library takes in bfloat16)."""
+  x_t = materialized_transpose(x)
+  if x_t is None:
     return jnp.einsum("bkmn,bkmd->bknd", x, y, preferred_element_type=jnp.float32)
-  x_t = x.reshape(b, kv, m // 2, 2, n).transpose(0, 1, 4, 2, 3).reshape(b, kv, n, m)
   return jax.lax.dot_general(x_t, y, (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
 
 
