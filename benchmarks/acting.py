@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's jaxagent
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxagent import host_memory
 from jaxagent.agents.webrl import WebRL
 from jaxagent.envs.sites import bench, expert
 from jaxagent.envs.sites.text_env import SiteTextEnv
@@ -209,6 +210,7 @@ def main(argv=None) -> dict:
                       help="the weights' storage and compute dtype, both sides")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
   args = parser.parse_args(argv)
+  host_memory.keep_freed_memory()  # as `jaxagent.main` runs: freed buffers reused, not mapped afresh
   sizes = [int(b) for b in args.batches.split(",")]
   hf_dir = gguf.smollm2_hf_dir()
   loaded = load_policy(hf_dir)

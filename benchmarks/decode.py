@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import transformers
 
+from jaxagent import host_memory
 from jaxagent.models import llama, sampler
 from jaxagent.models.hf import llama as hf_llama
 
@@ -129,6 +130,7 @@ def main():
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
+  host_memory.keep_freed_memory()  # as `jaxagent.main` runs: freed buffers reused, not mapped afresh
 
   bandwidth = measure_bandwidth()
   print(f"memory bandwidth: {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s (" + ", ".join(

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import il as il_config  # noqa: E402
-from jaxagent import models, sharding  # noqa: E402
+from jaxagent import host_memory, models, sharding  # noqa: E402
 from jaxagent.data.tokenizer import load_tokenizer  # noqa: E402
 from jaxagent.models.hf import gguf  # noqa: E402
 from jaxagent.train.losses import masked_cross_entropy  # noqa: E402
@@ -156,14 +156,18 @@ def main():
                       help="the compute dtype (parameters stay float32)")
   parser.add_argument("--attention", choices=("xla", "flash"), default="xla",
                       help="our attention kernel (config.model.attention); PyTorch runs its default (sdpa)")
-  parser.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="none",
+  parser.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch", "projections"), default="none",
                       help="our recomputation policy (config.model.remat); PyTorch keeps every activation")
   parser.add_argument("--torch", action="store_true", help="also both modes in PyTorch + transformers, same run")
+  parser.add_argument("--heap", choices=("keep", "glibc"), default="keep",
+                      help="keep: freed memory stays in the process (jaxagent.host_memory, both sides); glibc: its "
+                           "defaults, large buffers mapped afresh at every allocation")
   args = parser.parse_args()
+  kept = host_memory.keep_freed_memory() if args.heap == "keep" else False
 
   tokenizer = load_tokenizer(gguf.checkpoint_dir("smollm2"), require_image_token=False)
   out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                     "device": str(jax.devices()[0]), "load_avg_at_start": os.getloadavg()},
+                     "device": str(jax.devices()[0]), "load_avg_at_start": os.getloadavg(), "freed_memory_kept": kept},
          "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "attention": args.attention, "remat": args.remat}
   full = measure(0, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention, args.remat)
   lora = measure(args.rank, args.batch, args.seq, args.steps, tokenizer, args.dtype, args.attention, args.remat)

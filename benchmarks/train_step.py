@@ -28,7 +28,7 @@ import time
 import jax
 import numpy as np
 
-from jaxagent import sharding
+from jaxagent import host_memory, sharding
 from jaxagent.models import layers
 from jaxagent.models.llama import DecoderConfig, init_decoder
 from jaxagent.train import mfu
@@ -162,6 +162,7 @@ def main():
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="the compute dtype (parameters stay float32)")
   args = parser.parse_args()
+  host_memory.keep_freed_memory()  # as `jaxagent.main` runs: freed buffers reused, not mapped afresh
 
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count() or 1)

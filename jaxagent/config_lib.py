@@ -113,8 +113,9 @@ def vlm_model() -> ml_collections.ConfigDict:
   it); `hf_family`: the `model_type` the checkpoint must have ("" = any; OWV's paper variant asks for
   idefics2); `decoder` / `vision`: overrides of `DecoderConfig.tiny` / `VLMConfig.tiny` (vocab_size follows the
   tokenizer). `dtype` (compute) and `param_dtype` (storage): float32 | bfloat16 | float16, for every tower of
-  every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch
-  (`models.layers.REMAT_POLICIES`: memory for recomputation); `attention`: xla | flash | cudnn, the kernel of
+  every family; `remat`: what each block's backward pass keeps, none | full | dots | dots_no_batch |
+  projections (`models.layers.REMAT_POLICIES`: memory for recomputation; projections with attention=flash keeps
+  memory linear in the sequence and recomputes no product); `attention`: xla | flash | cudnn, the kernel of
   a Llama-family decoder's training and scoring attention (flash: blockwise, memory linear in the sequence length,
   any backend, for long sequences; cudnn: cuDNN's fused flash attention, GPU and bf16/fp16 only; decoding always
   takes xla). A `:paper` variant's 7-8B model trains in bfloat16

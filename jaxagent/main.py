@@ -313,6 +313,8 @@ def main(argv):
       raise ValueError("--stop_after ends one run; drop --seeds (run each seed with --config.seed=K)")
   except (ConfigError, ValueError) as e:
     sys.exit(f"FATAL config error: {e}")
+  from jaxagent import host_memory  # pylint: disable=g-import-not-at-top
+  host_memory.keep_freed_memory()  # XLA:CPU's large buffers: no fresh pages every step
   if config.get("distributed", False):
     init_distributed()
     wait_after_compiling()

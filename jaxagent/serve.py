@@ -43,6 +43,7 @@ import time
 from fastapi import FastAPI, Request  # Request at module level: FastAPI resolves the routes' string annotations here
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from jaxagent import host_memory
 from jaxagent.serving import openai_api as api
 from jaxagent.serving.continuous import ContinuousEngine
 from jaxagent.serving.engine import Engine, RequestError
@@ -221,6 +222,7 @@ def main(argv=None) -> None:
   p.add_argument("--allow-pickle", action="store_true",
                  help="accept /predict's pickled images (runs client-supplied code: trusted clients only)")
   args = p.parse_args(argv)
+  host_memory.keep_freed_memory()  # XLA:CPU's large buffers: no fresh pages every request
   limits = Limits(max_request_bytes=int(args.max_request_mb * 2**20), max_images=args.max_images)
   mesh = parse_mesh(args.mesh, p)
   app, batcher = build(args.checkpoint, max_batch=args.max_batch, cache_len=args.cache_len,

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax.ad_checkpoint import checkpoint_name
+
 from jaxagent import sharding
 
 Dtype = Any
@@ -73,7 +75,7 @@ class Dense(nnx.Module):
       y = one_row_product(x.astype(self.dtype).reshape(k_in), kernel.reshape(k_in, k_out))
     else:
       y = matmul(x.astype(self.dtype).reshape(-1, k_in), kernel.reshape(k_in, k_out))
-    y = y.reshape(*lead, *self.out_shape)
+    y = checkpoint_name(y, PROJECTION).reshape(*lead, *self.out_shape)
     if self.bias is not None:
       y = y + self.bias.get_value().astype(self.dtype)
     return y
@@ -325,7 +327,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
   probs = _grouped_probs(q, k, mask).astype(v.dtype)
   out = jnp.einsum("bkgts,bksd->bkgtd", probs, v, preferred_element_type=product_type(v.dtype)).astype(v.dtype)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+  return checkpoint_name(out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d), ATTENTION)
 
 
 def _grouped_probs(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
@@ -347,7 +349,7 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   if t != k.shape[1]:
     return dot_product_attention(q, k, v, mask)
   if product_type(q.dtype) is not None and q.dtype == k.dtype == v.dtype:  # bfloat16 on CPU
-    return _bf16_causal_blocks(q, k, v, mask, min(rows, t))
+    return checkpoint_name(_bf16_causal_blocks(q, k, v, mask, min(rows, t)), ATTENTION)
   if t <= rows:
     return dot_product_attention(q, k, v, mask)
   outs = []
@@ -523,7 +525,7 @@ def _flash(q, k, v, mask: SelfMask, size: int):
 
 
 def _flash_fwd(q, k, v, mask, size):
-  out, lse = _flash_forward(q, k, v, mask, size)
+  out, lse = (checkpoint_name(x, ATTENTION) for x in _flash_forward(q, k, v, mask, size))
   return out, (q, k, v, mask, out, lse)
 
 
@@ -548,20 +550,33 @@ def fused_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   """`dot_product_attention`'s contract through `jax.nn.dot_product_attention`, for a mask that is causal in slot
   order (`attention_mask` over the input itself, no cache): `is_causal` lets a fused kernel skip the blocks above
   the diagonal; the mask itself (padding, sliding window) still applies."""
-  return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
+  return checkpoint_name(jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                                      implementation=implementation), ATTENTION)
 
 
 def shard_heads(x: jax.Array, kv: bool = False) -> jax.Array:
   return sharding.shard(x, ("batch", "length", "act_kv_heads" if kv else "act_heads", None))
 
 
+# The names `checkpoint_name` gives what a remat policy may keep: every `Dense`'s product, and every attention
+# kernel's output with what its backward reads besides q, k and v (flash's log-sum-exp). A product inside a
+# `custom_vjp` (`bf16_matmul`, the bfloat16 and flash kernels) is no `dot_general` to JAX's dots policies.
+PROJECTION, ATTENTION = "projection", "attention"
+
 # What a block's backward pass keeps from its forward pass (`config.model.remat`): "none" keeps everything (no
 # rematerialisation), "full" keeps only the block's inputs and recomputes the rest, "dots" keeps the matmul
 # outputs and recomputes the elementwise work, "dots_no_batch" keeps only matmuls without batch dimensions (the
-# weight products, not attention's scores). jax.checkpoint's policies: docs.jax.dev "gradient-checkpointing".
-REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-                  "dots": jax.checkpoint_policies.dots_saveable,
-                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+# weight products, not attention's scores), "projections" keeps the projections' and the attention kernels'
+# outputs and recomputes the elementwise work only: with `attention=flash`, memory linear in T and no attention
+# recomputed. jax.checkpoint's policies: docs.jax.dev "gradient-checkpointing".
+_names = jax.checkpoint_policies.save_only_these_names
+REMAT_POLICIES = {
+    "none": None, "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.dots_saveable,
+                                                            _names(PROJECTION, ATTENTION)),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _names(PROJECTION)),
+    "projections": _names(PROJECTION, ATTENTION)}
 
 
 def remat_name(remat: str | bool | None) -> str:
