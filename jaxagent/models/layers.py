@@ -491,10 +491,22 @@ def _flash_forward(q, k, v, mask: SelfMask, size: int):
 
 def _flash_backward(q, k, v, mask: SelfMask, out, lse, g, size: int):
   """(dq, dk, dv) of `_flash_forward`: key tiles one after another, each over the query tiles from its own on,
-  every tile's probabilities recomputed from `lse` (FlashAttention-2's backward)."""
+  every tile's probabilities recomputed from `lse` (FlashAttention-2's backward).
+
+  The key and value gradients contract a tile's probabilities over its query rows. Written `p.T @ g`, each tile's
+  [G x n, n] probabilities and score gradients were copied transposed first, which XLA:CPU does at ~1 GB/s: in
+  float32, a third of the backward's time at 4,096 tokens. Here they accumulate transposed, `g.T @ p` [D, n], from q
+  and g transposed once per call (docs/results/performance.md#projections)."""
   f32, scale = jnp.float32, 1.0 / math.sqrt(q.shape[-1])
+  b, kv, groups, t, d = q.shape
   delta = jnp.sum(g.astype(f32) * out.astype(f32), -1)  # [B, K, G, T]: rowsum(dO * O)
   rows = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=3)
+  # [B, K, D, G, T]: a query tile's rows of every group, as the left operand of a product over them.
+  columns = lambda x: _swap_last(x.reshape(b, kv, groups * t, d)).reshape(b, kv, d, groups, t)
+  q_t, g_t = columns(q), columns(g)
+  tile_t = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=4).reshape(b, kv, d, groups * size)
+  over_rows = lambda x_t, y: jax.lax.dot_general(  # [B, K, D, G n] @ [B, K, G n, n] -> [B, K, D, n]
+      x_t, y.reshape(b, kv, groups * size, size), (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=f32)
 
   def key_tile(dq, j):
     k_j, v_j = (jax.lax.dynamic_slice_in_dim(x, j * size, size, axis=2) for x in (k, v))
@@ -503,20 +515,26 @@ def _flash_backward(q, k, v, mask: SelfMask, out, lse, g, size: int):
       dq, dk_j, dv_j = carry
       q_i, g_i, lse_i, delta_i = rows(q, i), rows(g, i), rows(lse, i), rows(delta, i)
       p = jnp.exp(_tile_scores(q_i, k_j, mask.block(i * size, j * size, size)) - lse_i[..., None])
-      dv_j += jnp.einsum("bkgts,bkgtd->bksd", p.astype(g.dtype), g_i, preferred_element_type=f32)
+      dv_j += over_rows(tile_t(g_t, i), p.astype(g.dtype))
       dp = jnp.einsum("bkgtd,bksd->bkgts", g_i, v_j, preferred_element_type=f32)
       ds = p * (dp - delta_i[..., None]) * scale
-      dk_j += jnp.einsum("bkgts,bkgtd->bksd", ds.astype(q.dtype), q_i, preferred_element_type=f32)
+      dk_j += over_rows(tile_t(q_t, i), ds.astype(q.dtype))
       dq_i = rows(dq, i) + jnp.einsum("bkgts,bksd->bkgtd", ds.astype(k.dtype), k_j, preferred_element_type=f32)
       return jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * size, axis=3), dk_j, dv_j
 
-    zeros = jnp.zeros(k_j.shape, f32)
-    dq, dk_j, dv_j = jax.lax.fori_loop(j, q.shape[3] // size, query_tile, (dq, zeros, zeros))
+    zeros = jnp.zeros((b, kv, d, size), f32)
+    dq, dk_j, dv_j = jax.lax.fori_loop(j, t // size, query_tile, (dq, zeros, zeros))
     return dq, (dk_j, dv_j)
 
   dq, (dk, dv) = jax.lax.scan(key_tile, jnp.zeros(q.shape, f32), jnp.arange(k.shape[2] // size))
-  joined = lambda x: jnp.moveaxis(x, 0, 2).reshape(k.shape)  # [n, B, K, size, D] -> [B, K, S, D]
+  joined = lambda x: jnp.moveaxis(x, 0, 2).swapaxes(-1, -2).reshape(k.shape)  # [n, B, K, D, size] -> [B, K, S, D]
   return dq.astype(q.dtype), joined(dk).astype(k.dtype), joined(dv).astype(v.dtype)
+
+
+def _swap_last(x: jax.Array) -> jax.Array:
+  """`x` with its last two axes swapped, stored so (`materialized_transpose`) where one of them is even."""
+  swapped = materialized_transpose(x)
+  return jnp.swapaxes(x, -1, -2) if swapped is None else swapped
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
