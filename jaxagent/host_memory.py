@@ -4,7 +4,7 @@ glibc serves an allocation over its mmap threshold (at most 32 MiB by default) w
 it when freed, so every large buffer XLA:CPU allocates (a step's temporaries, a product's result) is fresh pages,
 each faulted in and zeroed by the kernel when first written: on a Zen 4, a bfloat16 product writing a 50 MB result
 ran at 270 GFLOP/s where one writing 25 MB, or the same one with the thresholds below, ran at 400
-(docs/results/performance.md, "Freed memory kept"). Raising the mmap and trim thresholds serves those buffers from
+(docs/results/performance.md#freed-memory). Raising the mmap and trim thresholds serves those buffers from
 the heap and keeps what they free for the next allocation, as PyTorch's users get from jemalloc or tcmalloc. The
 cost: the process keeps its peak host memory instead of returning it between steps.
 """
