@@ -30,6 +30,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "jaxagent.sharding": (1, "leaf: meshes and partition rules"),
     "jaxagent.local_http": (1, "leaf: the loopback HTTP helpers"),
     "jaxagent.tokens": (1, "leaf: special-token strings (`<image>`) that models/ and data/ share"),
+    "jaxagent.host_memory": (1, "leaf: the host allocator set for XLA:CPU's large buffers"),
     "jaxagent.models": (2, "what a model is (models.hf included)"),
     "jaxagent.agents": (2, "how an agent writes and reads text"),
     "jaxagent.data": (3, "trajectories, stores, tokenising and batches"),
