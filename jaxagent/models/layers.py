@@ -15,7 +15,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxagent import sharding
