@@ -33,7 +33,7 @@ import os
 import sys
 from typing import Any
 
-from jaxagent import types
+from jaxagent import host_memory, types
 
 # The agent format a profile's policies speak by default, and the observation each needs.
 PROFILE_FORMAT = {"device": "autoui", "web": "webvoyager", "text": "webrl", "miniwob": "webvoyager"}
@@ -323,6 +323,7 @@ def main(argv=None) -> None:
         miniwob_instances(suite.names, seed, args.episodes)
   except ValueError as e:
     p.error(str(e))
+  host_memory.keep_freed_memory()  # XLA:CPU's large buffers: no fresh pages every decision
   evaluate(args)
 
 

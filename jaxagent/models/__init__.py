@@ -15,7 +15,8 @@ from jaxagent.tokens import IMAGE_TOKEN
 
 MODEL_KINDS = ("vlm", "decoder", "autoui")
 DTYPES = ("float32", "bfloat16", "float16")
-REMAT = ("none", "full", "dots", "dots_no_batch", "projections")  # `layers.REMAT_POLICIES`, named here without importing JAX
+# `layers.REMAT_POLICIES`, named here without importing JAX
+REMAT = ("none", "full", "dots", "dots_no_batch", "projections")
 ATTENTION = ("xla", "flash", "cudnn")  # `layers.ATTENTION_IMPLS`
 # `lora.TARGETS` and `lora.DEFAULT_TARGETS`, named here without importing JAX: the language decoder's attention
 # and MLP projections, LLaVA's projector, the ViT tower's attention and MLP
