@@ -6,7 +6,8 @@ shape of `tests/conftest.py::smollm2_cut`), for a quick look. `--steps N` also t
 the same step from random weights.
 
   python benchmarks/long_context.py [--seqs 1024,2048,4096,8192] [--batch 2] [--attention xla,flash]
-                                    [--remat none,full] [--layers 0] [--rank 8] [--steps 0] [--json out.json]
+                                    [--remat none,full] [--layers 0] [--rank 8] [--dtype float32] [--steps 0]
+                                    [--json out.json]
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def cut_checkpoint(layers: int, out: str) -> str:
   return out
 
 
-def config_for(checkpoint: str, seq: int, attention: str, remat: str, rank: int):
+def config_for(checkpoint: str, seq: int, attention: str, remat: str, rank: int, dtype: str = "float32"):
   config = il_config.get_config("text")
-  config.model.update(hf_checkpoint=checkpoint, attention=attention, remat=remat)
+  config.model.update(hf_checkpoint=checkpoint, attention=attention, remat=remat, dtype=dtype)
   config.model.lora.rank = rank
   config.data.seq_len = seq
   return config
@@ -87,6 +88,8 @@ def main():
   parser.add_argument("--remat", default="none,full")
   parser.add_argument("--layers", type=int, default=0, help="cut SmolLM2 to this many layers (0: all 30)")
   parser.add_argument("--rank", type=int, default=8, help="LoRA rank (0: full fine-tuning)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the compute dtype (parameters stay float32)")
   parser.add_argument("--steps", type=int, default=0, help="also time this many steps (0: compile only)")
   parser.add_argument("--json", default="")
   args = parser.parse_args()
@@ -98,7 +101,7 @@ def main():
     for attention in args.attention.split(","):
       for remat in args.remat.split(","):
         for seq in map(int, args.seqs.split(",")):
-          config = config_for(checkpoint, seq, attention, remat, args.rank)
+          config = config_for(checkpoint, seq, attention, remat, args.rank, args.dtype)
           row = dict(attention=attention, remat=remat, seq=seq, **step_memory(config, tokenizer, args.batch, seq))
           timed = ""
           if args.steps:
@@ -109,7 +112,7 @@ def main():
                 f"peak (args + temp + out - alias) {row['peak'] / 2**30:6.2f} GiB{timed}", flush=True)
   out = {"machine": {"platform": platform.platform(), "jax": jax.__version__, "device": str(jax.devices()[0]),
                      "load_avg_at_end": os.getloadavg()},
-         "batch": args.batch, "layers": args.layers or 30, "lora_rank": args.rank, "rows": rows}
+         "batch": args.batch, "layers": args.layers or 30, "lora_rank": args.rank, "dtype": args.dtype, "rows": rows}
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(out, f, indent=2)
