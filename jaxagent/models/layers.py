@@ -338,15 +338,19 @@ def _grouped_probs(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, block_rows: int = 64,
                            max_blocks: int = 8) -> jax.Array:
-  """`dot_product_attention` for a mask causal in slot order over the input itself (no cache), with the query
-  rows in blocks, each against the keys up to its own last row: the scores of the blocks above the diagonal, all
-  masked, are never computed (at 5 blocks 40 % fewer). The same result, as those keys carry no weight; on the
-  2-core CPU the tiny decoder's train step is ~1.2x faster (benchmarks/train_step.py). In bfloat16 on CPU it takes
-  its own backward (`_bf16_causal_blocks`), one block or more."""
-  t = q.shape[1]
+  """`dot_product_attention` for a mask causal in slot order, with the query rows in blocks, each against the keys
+  up to its own last row: the scores of the blocks above the diagonal, all masked, are never computed (at 5 blocks
+  40 % fewer). The same result, as those keys carry no weight. Over the input itself (T = S) the 2-core CPU runs
+  the tiny decoder's train step ~1.2x faster (benchmarks/train_step.py); in bfloat16 on CPU it takes its own
+  backward (`_bf16_causal_blocks`), one block or more. Over a cache (S > T: a prompt prefilled after the keys an
+  earlier one left, `serving.prefix_cache`), query row r sits at a slot ≤ S - T + r, as the cache protocol has it
+  (a call writes its T tokens from the next free slot, and no later slot holds a key it may see)."""
+  t, s = q.shape[1], k.shape[1]
   rows = max(block_rows, -(-t // max_blocks))
-  if t != k.shape[1]:
-    return dot_product_attention(q, k, v, mask)
+  if t > s:
+    raise ValueError(f"causal_block_attention: {t} queries over {s} keys; a causal mask needs as many keys or more")
+  if t != s:
+    return _causal_blocks_forward(q, k, v, mask, min(rows, t))[0]
   if product_type(q.dtype) is not None and q.dtype == k.dtype == v.dtype:  # bfloat16 on CPU
     return checkpoint_name(_bf16_causal_blocks(q, k, v, mask, min(rows, t)), ATTENTION)
   if t <= rows:
@@ -360,16 +364,17 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
 
 def _causal_blocks_forward(q, k, v, mask, rows):
   """`causal_block_attention`'s blocks, in the heads-first layout: the output [B, T, H, D] and each query block's
-  float32 probabilities [B, K, G, rows, end]."""
+  float32 probabilities [B, K, G, rows, S - T + end] (the keys up to its last row's slot)."""
   b, t, h, d = q.shape
-  kv_heads = k.shape[2]
+  kv_heads, offset = k.shape[2], k.shape[1] - t
   qh = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
   outs, probs = [], []
   for start in range(0, t, rows):
     end = min(t, start + rows)
-    p = _grouped_probs(qh[:, :, :, start:end], kh[:, :, :end], mask[:, :, start:end, :end])
-    outs.append(jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vh[:, :, :end],
+    keys = offset + end
+    p = _grouped_probs(qh[:, :, :, start:end], kh[:, :, :keys], mask[:, :, start:end, :keys])
+    outs.append(jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), vh[:, :, :keys],
                            preferred_element_type=jnp.float32).astype(v.dtype))
     probs.append(p)
   return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d), probs

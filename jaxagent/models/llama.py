@@ -266,7 +266,8 @@ class Attention(nnx.Module):
         k, v = kv
     k, v = k.astype(q.dtype), v.astype(q.dtype)
     if kv is not None and not within_input:  # mask_fn: the [B, 1, T, L] mask over the cache
-      out = layers.dot_product_attention(q, k, v, mask_fn())
+      attend = layers.dot_product_attention if x.shape[1] == 1 else layers.causal_block_attention
+      out = attend(q, k, v, mask_fn())
     elif self.attention == "flash":  # mask_fn: a `layers.SelfMask`, kept as vectors
       out = layers.flash_attention(q, k, v, mask_fn())
     elif self.attention == "xla":

@@ -104,6 +104,19 @@ def _message_images(messages: Sequence[dict[str, Any]]) -> list[Any]:
           for p in m["content"] if p.get("type") == "image"]
 
 
+def fit_prefix(hit: tuple | None, n: int) -> tuple | None:
+  """A prefix-cache hit (row cache, shared tokens) for a prompt of `n` tokens, its reuse cut so that the row the
+  rest is prefilled into is no wider than the whole prompt's own width: the rest is padded to its own width
+  (`prompt_bucket`), and the keys kept before it had widened the row (1,750 tokens, 450 cached: 1,536 + 450 slots,
+  a row of 2,048 where the prompt alone takes 1,792). The same tokens are prefilled (the rest still fits its
+  width); fewer slots are attended to, in the prefill and in every decode step. None when nothing is left to reuse."""
+  if hit is None:
+    return None
+  cache, shared = hit
+  shared = min(shared, prompt_bucket(n) - prompt_bucket(n - shared))
+  return (cache, shared) if shared > 0 else None
+
+
 class Engine:
   """Batched generation over a `LoadedModel`. Thread-safe: concurrent `generate` calls run one at a time."""
 
@@ -258,7 +271,7 @@ class Engine:
     """`sampler.sample_rows` over the batch (and its padding rows: one-token prompts), each row after its cached
     prefix where it has one; every row's cache then goes into the prefix cache."""
     pad = self.policy.pad_id
-    hits = list(hits) + [None] * (rows - len(batch))
+    hits = [fit_prefix(h, len(p.ids)) for h, p in zip(hits, batch)] + [None] * (rows - len(batch))
     prompts, masks = [], []
     for r in range(rows):
       tokens = batch[r].ids[hits[r][1] if hits[r] else 0:] if r < len(batch) else [pad]

@@ -68,6 +68,31 @@ def test_query_blocks_against_their_key_prefix_give_the_full_attention_and_its_g
                                 layers.dot_product_attention(*short, short_mask))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_query_blocks_over_a_cache_give_the_full_attention(dtype):
+  """A prompt prefilled after cached keys (`serving.prefix_cache`): its T = 150 queries at slots 40-189 of a
+  cache of S = 256 (keys at 0-39 kept, the slots after the input empty), in blocks against the keys up to each
+  block's last slot, equal the attention over the whole cache; a row's left padding and a shorter row included."""
+  b, t, s, start = 3, 150, 256, 40
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (b, t, 4, 16), dtype)
+  k, v = (jax.random.normal(x, (b, s, 2, 16), dtype) for x in keys[1:])
+  q_valid = jnp.array([[True] * t, [True] * 90 + [False] * 60, [False] * 5 + [True] * 145])
+  k_valid = jnp.zeros((b, s), bool).at[:, :start].set(True).at[:, start:start + t].set(q_valid)
+  k_positions = jnp.cumsum(k_valid, axis=1) - 1
+  q_slots = jnp.broadcast_to(start + jnp.arange(t), (b, t))
+  k_slots = jnp.broadcast_to(jnp.arange(s), (b, s))
+  mask = layers.attention_mask(q_slots, k_slots, k_valid, k_positions[:, start:start + t], k_positions)
+  real = np.asarray(q_valid)[:, :, None, None]
+  got = jax.jit(layers.causal_block_attention)(q, k, v, mask)  # blocks of 64, 64 and 22 rows
+  want = layers.dot_product_attention(q, k, v, mask)
+  atol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.where(real, got.astype(jnp.float32), 0), np.where(real, want.astype(jnp.float32), 0),
+                             atol=atol)
+  with pytest.raises(ValueError, match="150 queries over 100 keys"):
+    layers.causal_block_attention(q, k[:, :100], v[:, :100], mask[..., :100])
+
+
 @pytest.mark.parametrize("t", [150, 12])
 @pytest.mark.slow
 def test_query_blocks_in_bfloat16_on_cpu_run_their_backward_in_bfloat16(t):

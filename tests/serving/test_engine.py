@@ -6,6 +6,7 @@ import pytest
 
 from jaxagent.serving import engine as engine_lib
 from jaxagent.serving.checkpoint import random_policy
+from jaxagent.serving.prefix_cache import common_prefix
 
 
 def test_decode_budget_is_the_request_rounded_up_to_32_tokens():
@@ -55,6 +56,17 @@ def test_long_prompts_of_different_widths_are_prefilled_a_row_at_a_time():
     engine_lib.Engine(policy, prefill="rowwise")
 
 
+def test_a_cached_prefix_is_cut_so_that_the_row_is_no_wider_than_the_prompt_alone():
+  """The rest of a prompt is padded to its own width; the keys kept before it may not widen the row past the
+  width the whole prompt takes alone (1,792 for 1,750 tokens): what they would widen it by is prefilled instead,
+  within the padding the rest has anyway."""
+  cache = object()
+  assert engine_lib.fit_prefix((cache, 450), 1750) == (cache, 1792 - 1536)  # the rest, 1,300, pads to 1,536
+  assert engine_lib.fit_prefix((cache, 300), 400) == (cache, 300)  # 300 + 128 slots: within 448
+  assert engine_lib.fit_prefix((cache, 100), 1750) is None  # the rest pads to 1,792: nothing left to skip
+  assert engine_lib.fit_prefix(None, 1750) is None
+
+
 @pytest.mark.slow
 def test_an_episodes_next_prompt_prefills_only_what_follows_the_cached_one():
   """A prompt that begins as an earlier one did is prefilled from where they differ (the prefix cache), with the
@@ -64,10 +76,15 @@ def test_an_episodes_next_prompt_prefills_only_what_follows_the_cached_one():
                                                       temperature=0.0)
   cached = engine_lib.Engine(policy, max_batch=2, max_new_tokens=8, prefix_cache_bytes=1 << 30)
   plain = engine_lib.Engine(policy, max_batch=2, max_new_tokens=8, prefill="batch")
-  for t, pages in enumerate((("page a " * 150, "page b " * 10), ("page c " * 120, "page d " * 40))):
-    requests = [step(t, p) for p in pages]
+  steps = [[step(t, p) for p in pages] for t, pages in enumerate((("page a " * 150, "page b " * 10),
+                                                                   ("page c " * 120, "page d " * 40)))]
+  for requests in steps:
     assert [r.tokens for r in cached.generate(requests)] == [r.tokens for r in plain.generate(requests)]
-  assert cached.stats()["prefix_tokens_reused"] >= 2 * 150  # the second step's two rows each skipped the intent
+  ids = [[np.asarray(cached.prepare(r).ids) for r in requests] for requests in steps]
+  shared = [max(common_prefix(now, before) for before in ids[0]) for now in ids[1]]
+  skipped = [engine_lib.fit_prefix((None, n), len(now)) for n, now in zip(shared, ids[1])]
+  assert min(shared) >= 150 and skipped[0] is not None  # each row of step 2 continues step 1's intent
+  assert cached.stats()["prefix_tokens_reused"] == sum(s[1] for s in skipped if s)
   assert cached.stats()["row_prefilled_batches"] == 2
   reused = cached.stats()["prefix_tokens_reused"]
   nnx_state = engine_lib.nnx.state(policy.model)
