@@ -130,6 +130,12 @@ def test_miniwob_suite_plays_distinct_held_out_instances_each_once():
     evaluate.main(["--policy", "expert", "--suite", "miniwob:click-button", "--seeds", "-1", "--out", "/nowhere"])
 
 
+def test_a_negative_prefix_cache_is_refused_naming_the_flag(capsys):
+  with pytest.raises(SystemExit):
+    evaluate.main(["--policy", "expert", "--suite", "sites:web/test", "--prefix-cache-mb", "-1", "--out", "/nowhere"])
+  assert "--prefix-cache-mb=-1.0 must be ≥ 0" in capsys.readouterr().err
+
+
 def test_a_format_the_actor_was_not_trained_in_is_refused_and_its_own_keeps_its_options(tmp_path, capsys):
   """A WebRL actor trained on compact HTML cut at 2,048 characters: `--format webvoyager` is refused naming both
   formats, `--format webrl` acts with the recorded options (not the format's default, full HTML at 15,872)."""

@@ -34,10 +34,11 @@ class ModelPolicy:
 
   def __init__(self, loaded: LoadedModel, fmt: AgentFormat | str, engine=None, *, temperature: float = 1.0,
                max_tokens: int = 256, top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (),
-               max_batch: int = 32, seed: int = 0):
+               max_batch: int = 32, seed: int = 0, prefix_cache_bytes: int = 0):
     self.loaded = loaded
     self.fmt = fmt if isinstance(fmt, AgentFormat) else get_format(fmt)
-    self.engine = engine or engine_for(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed)
+    cache = {"prefix_cache_bytes": int(prefix_cache_bytes)} if prefix_cache_bytes else {}
+    self.engine = engine or engine_for(loaded, max_batch=max_batch, max_new_tokens=max_tokens, seed=seed, **cache)
     self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                          max_tokens=int(max_tokens), stop=tuple(stop))
     self.stats = collections.Counter()
@@ -116,9 +117,11 @@ def agent_format(model_dir: str, fmt: AgentFormat | str | None = None, parse: st
 
 
 def load(model_dir: str, *, temperature: float, seed: int = 0, mesh=None, max_tokens: int = 128,
-         max_batch: int = 32, fmt: AgentFormat | str | None = None, parse: str | None = None) -> ModelPolicy:
+         max_batch: int = 32, fmt: AgentFormat | str | None = None, parse: str | None = None,
+         prefix_cache_bytes: int = 0) -> ModelPolicy:
   """The actor in `model_dir` (a recipe stage, a training workdir or step, an export, a HF directory) as a
-  `ModelPolicy`, acting as its `agent.json` says (or as `fmt`), its parameters on `mesh` (default one device)."""
+  `ModelPolicy`, acting as its `agent.json` says (or as `fmt`), its parameters on `mesh` (default one device).
+  `prefix_cache_bytes`: the engine's prefix cache (`serving.prefix_cache`; decoders only), 0 for none."""
   fmt = agent_format(model_dir, fmt, parse)
   loaded = load_policy(model_dir, mesh=mesh)
   spec = agent_spec.read(workdir_of(model_dir)) or {}
@@ -126,7 +129,8 @@ def load(model_dir: str, *, temperature: float, seed: int = 0, mesh=None, max_to
   if template and loaded.kind != "autoui" and template != getattr(loaded.tokenizer, "chat_template", None):
     raise ValueError(f"{model_dir}: its tokenizer's chat template differs from the one the actor was trained with "
                      f"({agent_spec.AGENT_FILE}); restore the workdir's tokenizer/")
-  return ModelPolicy(loaded, fmt, temperature=temperature, max_tokens=max_tokens, max_batch=max_batch, seed=seed)
+  return ModelPolicy(loaded, fmt, temperature=temperature, max_tokens=max_tokens, max_batch=max_batch, seed=seed,
+                     prefix_cache_bytes=prefix_cache_bytes)
 
 
 def inference_mesh(config):

@@ -254,14 +254,14 @@ class Engine:
 
   def _prefill_by_row(self, batch: list[_Prepared], shape: tuple[int, int], hits: list[tuple | None]) -> bool:
     """Whether this decoder batch is prefilled one row at a time (`sampler.sample_rows`): with `prefill="rows"`,
-    when a row continues a cached prefix, or when the longest prompt is over `ROW_PREFILL_MIN_WIDTH` tokens and
-    the rows' own widths sum to fewer tokens than the padded batch holds (the batched prefill pays rows × the
-    longest width); short prompts of one width keep one call."""
+    when a row continues a cached prefix, when the longest prompt is over `ROW_PREFILL_MIN_WIDTH` tokens and either
+    the prefix cache is on (it keeps the rows' caches) or the rows' own widths sum to fewer tokens than the padded
+    batch holds (the batched prefill pays rows × the longest width); short prompts of one width keep one call."""
     rows, width = shape
     if self.prefill != "rows" or self.policy.kind != "decoder":
       return False
-    if any(hits):
-      return True
+    if any(hits) or (self._prefixes is not None and width >= ROW_PREFILL_MIN_WIDTH):
+      return True  # (the rows' caches are what the prefix cache keeps)
     if rows == 1 or width < ROW_PREFILL_MIN_WIDTH:
       return False
     own = sum(prompt_bucket(len(p.ids)) for p in batch) + prompt_bucket(1) * (rows - len(batch))

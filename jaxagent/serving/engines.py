@@ -11,7 +11,11 @@ from jaxagent.serving.seq2seq_engine import Seq2SeqEngine
 
 def engine_for(loaded: LoadedModel, **kwargs) -> Engine | QwenVLEngine | Seq2SeqEngine:
   """`Seq2SeqEngine` for an AutoUI encoder-decoder, `QwenVLEngine` for Qwen2.5-VL, `Engine` for the decoders and
-  the other VLMs; `kwargs`: `max_batch`, `max_new_tokens`, `seed` (and the engine's own)."""
+  the other VLMs; `kwargs`: `max_batch`, `max_new_tokens`, `seed` (and the engine's own: `Engine`'s
+  `prefix_cache_bytes`, refused for the other two)."""
+  if kwargs.get("prefix_cache_bytes") and (loaded.kind == "autoui" or qwen_vl.is_qwen(loaded)):
+    raise ValueError(f"prefix_cache_bytes: the prefix cache keeps a decoder's keys; this {loaded.kind} model "
+                     "acts through its own engine, which has none (pass 0)")
   if loaded.kind == "autoui":
     return Seq2SeqEngine(loaded, **kwargs)
   return (QwenVLEngine if qwen_vl.is_qwen(loaded) else Engine)(loaded, **kwargs)

@@ -1,6 +1,7 @@
 """One policy and one loader: the acting prompt is the training render, byte for byte; all rows in one sampler
 call; a trained actor's directory says how it acts (`agent.json`)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -96,6 +97,25 @@ def test_load_acts_as_the_agent_json_says(exported):
   assert agent_spec.to_spec(policy.fmt, None) == agent_spec.to_spec(fmt, None)
   assert policy.fmt.compact and policy.fmt.max_prompt_chars == 900 and policy.fmt.stop_repeats == 3
   assert load(path, temperature=0.0, fmt="webvoyager_text").fmt.name == "webvoyager_text"  # an explicit format wins
+
+
+def test_load_with_a_prefix_cache_prefills_an_episodes_next_step_after_the_last_ones_keys(exported):
+  """`load(..., prefix_cache_bytes=)` (`jaxagent.evaluate --prefix-cache-mb`): at batch 1, the second step of an
+  episode reuses what its prompt shares with the first (WebRL's task and history come before the page) and replies
+  as the policy without the cache does; AutoUI's engine, which keeps no keys, refuses it."""
+  loaded, path = exported
+  agent_spec.write(path, WebRL(), loaded.tokenizer.chat_template)
+  cached = load(path, temperature=0.0, max_tokens=4, prefix_cache_bytes=1 << 26)
+  plain = load(path, temperature=0.0, max_tokens=4)
+  page = lambda n: Observation(url="http://127.0.0.1/shop/", intent="Find the price of the blue kettle " * 60,
+                               step=n, html="<a id='1'>Kettle</a>" * (20 + n))  # ~700 tokens of task, ~200 of page
+  click = Step(step=0, action_text='do(action="Click", element="1")', action=Action(ActionKind.CLICK, element=1))
+  for obs, history in ((page(0), []), (page(1), [click])):
+    assert cached.act([obs], [history]) == plain.act([obs], [history])
+  assert cached.engine.stats()["prefix_tokens_reused"] >= 64
+  assert "prefix_tokens_reused" not in plain.engine.stats()
+  with pytest.raises(ValueError, match="prefix_cache_bytes: .* autoui model"):
+    ModelPolicy(dataclasses.replace(loaded, kind="autoui"), device.FORMAT, prefix_cache_bytes=1 << 20)
 
 
 def test_load_refuses_a_tokenizer_whose_chat_template_is_not_the_trained_ones(exported, tmp_path):
