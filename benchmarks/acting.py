@@ -8,11 +8,13 @@ WebRL's (the original's cut) rendered with SmolLM2's chat template, as `configs/
 `--decisions` prompts (the first `--steps` of each episode) are answered greedily with up to `--max-tokens` new
 tokens, at batch 1 and 8 as an evaluation asks them (`lockstep`: a call holds the next step of each of `batch`
 running episodes), each side after one untimed pass over the same calls (compilation; the prefix cache emptied
-after it). Greedy replies are compared token by token (a different token is reported, not an error: near-ties may
-round apart). `--dtype bfloat16` holds and computes the weights in bfloat16 on both sides (`torch` `.to(bfloat16)`).
+before each timed pass); with `--repeats N` the sides' timed passes take turns N times and the median pass of each
+is reported (this 2-core machine moves ±10 % between passes of the same work). Greedy replies are compared token by
+token (a different token is reported, not an error: near-ties may round apart). `--dtype bfloat16` holds and
+computes the weights in bfloat16 on both sides (`torch` `.to(bfloat16)`).
 
   python benchmarks/acting.py [--decisions 16] [--steps 2] [--max-tokens 64] [--torch] [--padded] [--prefix-cache]
-      [--continuous] [--dtype bfloat16] [--json out.json]
+      [--continuous] [--dtype bfloat16] [--repeats 3] [--json out.json]
 
 The issue's targets (issue 60): ≤ 1.5 s a decision at batch 1, and at batch 8 ≥ 4× batch 1's decisions a second.
 The hardware's limit is printed beside: each prompt's prefill FLOPs (`models.flops`, the one logit row it needs)
@@ -123,31 +125,51 @@ def prefill_flops(cfg, tokens: int) -> float:
   return tokens * (flops.decoder_flops_per_token(cfg, tokens, training=False) - head) + head
 
 
-def _timed(run, items: list, calls: list[list[int]], before_timing=lambda: None) -> dict:
-  """`run(rows)` → each row's reply tokens, over `items` asked in `calls` (lists of indices): one untimed pass
-  (compilation), then `before_timing()` (a cache the first pass filled emptied) and the timed pass."""
-  t0 = time.perf_counter()
-  for call in calls:
-    run([items[i] for i in call])
-  warm = time.perf_counter() - t0
-  before_timing()
-  times, tokens = [], [None] * len(items)
-  for call in calls:
+class _Side:
+  """One way of acting, timed: `run(rows)` → each row's reply tokens, over `items` asked in `calls` (lists of
+  indices). `warm()` makes one untimed pass (compilation); each `timed()` pass first calls `before_timing()` (a
+  cache the earlier pass filled emptied). `result()`: the median pass, and its tokens."""
+
+  def __init__(self, run, items: list, calls: list[list[int]], before_timing=lambda: None, stats=lambda: {}):
+    self.run, self.items, self.calls, self.before_timing, self.stats = run, items, calls, before_timing, stats
+    self.passes: list[list[float]] = []
+    self.first_pass_seconds = 0.0
+    self.tokens: list = []
+
+  def warm(self) -> None:
     t0 = time.perf_counter()
-    for i, reply in zip(call, run([items[i] for i in call])):
-      tokens[i] = reply
-    times.append(time.perf_counter() - t0)
-  return {"batch": max(len(c) for c in calls), "calls": len(calls), "decisions": len(items),
-          "seconds": sum(times), "first_pass_seconds": warm, "seconds_per_decision": sum(times) / len(items),
-          "decisions_per_s": len(items) / sum(times), "median_call_s": statistics.median(times), "tokens": tokens}
+    for call in self.calls:
+      self.run([self.items[i] for i in call])
+    self.first_pass_seconds = time.perf_counter() - t0
+
+  def timed(self) -> None:
+    self.before_timing()
+    times, tokens = [], [None] * len(self.items)
+    for call in self.calls:
+      t0 = time.perf_counter()
+      for i, reply in zip(call, self.run([self.items[i] for i in call])):
+        tokens[i] = reply
+      times.append(time.perf_counter() - t0)
+    self.passes.append(times)
+    self.tokens = tokens
+
+  def result(self) -> dict:
+    totals = [sum(t) for t in self.passes]
+    times = self.passes[totals.index(statistics.median_low(totals))]
+    n = len(self.items)
+    return {"batch": max(len(c) for c in self.calls), "calls": len(self.calls), "decisions": n,
+            "seconds": sum(times), "passes_seconds": totals, "first_pass_seconds": self.first_pass_seconds,
+            "seconds_per_decision": sum(times) / n, "decisions_per_s": n / sum(times),
+            "median_call_s": statistics.median(times), "tokens": self.tokens, "engine_stats": dict(self.stats())}
 
 
-def measure_ours(policy: ModelPolicy, prompts: list[str], calls: list[list[int]]) -> dict:
-  return _timed(lambda rows: [list(getattr(o, "reply_ids", [])) for o in policy.generate(rows)],
-                [(p, []) for p in prompts], calls, policy.engine.clear_prefix_cache)
+def measure_ours(policy: ModelPolicy, prompts: list[str], calls: list[list[int]]) -> _Side:
+  return _Side(lambda rows: [list(getattr(o, "reply_ids", [])) for o in policy.generate(rows)],
+               [(p, []) for p in prompts], calls, policy.engine.clear_prefix_cache, policy.engine.stats)
 
 
-def measure_continuous(policy: ModelPolicy, prompts: list[str], calls: list[list[int]], max_tokens: int) -> dict:
+def measure_continuous(policy: ModelPolicy, prompts: list[str], calls: list[list[int]], max_tokens: int,
+                       closing: list) -> _Side:
   """`batch` prompts submitted at once to the server's engine (`serving.continuous`): each prefilled alone at its
   own width, then decoded together."""
   engine = ContinuousEngine(policy.engine, max_batch=max(len(c) for c in calls))
@@ -157,14 +179,12 @@ def measure_continuous(policy: ModelPolicy, prompts: list[str], calls: list[list
   def run(rows):
     return [list(f.result().tokens) for f in [engine.submit(r) for r in rows]]
 
-  try:
-    return _timed(run, requests, calls)
-  finally:
-    engine.close()
+  closing.append(engine.close)
+  return _Side(run, requests, calls)
 
 
 def measure_torch(hf_dir: str, ids: list[np.ndarray], calls: list[list[int]], max_tokens: int, eos: list[int],
-                  pad: int, dtype: str = "float32") -> dict:
+                  pad: int, dtype: str = "float32") -> _Side:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
@@ -185,7 +205,7 @@ def measure_torch(hf_dir: str, ids: list[np.ndarray], calls: list[list[int]], ma
       replies.append(row if end is None else row[:end + 1])
     return replies
 
-  return _timed(run, ids, calls)
+  return _Side(run, ids, calls)
 
 
 def main(argv=None) -> dict:
@@ -208,8 +228,12 @@ def main(argv=None) -> dict:
                       help="intents over which to count the prompt tokens a step shares with the previous (0: skip)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="the weights' storage and compute dtype, both sides")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="timed passes of each side, in turn (the median pass is reported)")
   parser.add_argument("--json", default="", help="where to write the figures (optional)")
   args = parser.parse_args(argv)
+  if args.repeats < 1:
+    parser.error(f"--repeats={args.repeats} must be ≥ 1")
   host_memory.keep_freed_memory()  # as `jaxagent.main` runs: freed buffers reused, not mapped afresh
   sizes = [int(b) for b in args.batches.split(",")]
   hf_dir = gguf.smollm2_hf_dir()
@@ -228,11 +252,11 @@ def main(argv=None) -> dict:
                      "jax": jax.__version__}, "dtype": args.dtype,
          "model": hf_dir, "decisions": len(prompts), "episodes": len(episodes), "max_tokens": args.max_tokens,
          "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
-         "ours": {str(b): measure_ours(policy, prompts, calls[b]) for b in sizes}}
+         "repeats": args.repeats}
   rate = mfu.measured_matmul_flops(n=2048, dtype=args.dtype)
   floor = sum(prefill_flops(loaded.model.config, len(i)) for i in ids) / rate / len(ids)
   out["hardware"] = {"matmul_flops": rate, "prefill_floor_s_per_decision": floor}
-  others = {}  # name → (what the printed line calls it, its measure at a batch size)
+  others = {}  # name → (what the printed line calls it, its side at a batch size)
   if args.padded:
     padded = ModelPolicy(loaded, WebRL(), engine(prefill="batch"), temperature=0.0, max_tokens=args.max_tokens)
     others["padded"] = ("one padded prefill", lambda b: measure_ours(padded, prompts, calls[b]))
@@ -240,9 +264,10 @@ def main(argv=None) -> dict:
     cached = ModelPolicy(loaded, WebRL(), engine(prefix_cache_bytes=2 << 30), temperature=0.0,
                          max_tokens=args.max_tokens)
     others["prefix_cache"] = ("with the prefix cache", lambda b: measure_ours(cached, prompts, calls[b]))
+  closing: list = []
   if args.continuous:
     others["continuous"] = ("continuous engine",
-                            lambda b: measure_continuous(policy, prompts, calls[b], args.max_tokens))
+                            lambda b: measure_continuous(policy, prompts, calls[b], args.max_tokens, closing))
   if args.torch:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(os.cpu_count() or 1)
@@ -250,9 +275,24 @@ def main(argv=None) -> dict:
     out["torch_version"] = torch.__version__
     others["torch"] = ("PyTorch `generate`",
                        lambda b: measure_torch(hf_dir, ids, calls[b], args.max_tokens, eos, int(loaded.pad_id),
-                                                     args.dtype))
-  for name, (_, measure) in others.items():
-    out[name] = {str(b): measure(b) for b in sizes}
+                                               args.dtype))
+  out["ours"] = {}
+  for name in others:
+    out[name] = {}
+  try:
+    for b in sizes:  # every side warmed, then their timed passes in turn: a drift of the machine reaches all
+      sides = {"ours": measure_ours(policy, prompts, calls[b]), **{n: m(b) for n, (_, m) in others.items()}}
+      for side in sides.values():
+        side.warm()
+      for _ in range(args.repeats):
+        for side in sides.values():
+          side.timed()
+      for name, side in sides.items():
+        out[name][str(b)] = side.result()
+  finally:
+    for close in closing:
+      close()
+  for name in others:
     for b in sizes:
       theirs, ours = out[name][str(b)], out["ours"][str(b)]
       theirs["same_reply_as_ours"] = sum(a == r for a, r in zip(theirs["tokens"], ours["tokens"]))
@@ -273,6 +313,8 @@ def main(argv=None) -> dict:
       t = out[name][str(b)]
       line += (f"; {label} {t['seconds_per_decision']:.2f} s a decision: ours {t['ours_speedup']:.2f}x, "
                f"{t['same_reply_as_ours']} of {len(prompts)} replies the same tokens")
+      if "prefix_tokens_reused" in t["engine_stats"]:
+        line += f" ({t['engine_stats']['prefix_tokens_reused'] / (1 + args.repeats):.0f} prompt tokens skipped a pass)"
     print(line)
   if "shared_prefix" in out:
     sp = out["shared_prefix"]
