@@ -4,8 +4,9 @@ products stand against the library PyTorch calls (oneDNN), shape by shape.
 Each projection of SmolLM2-135M at batch × sequence rows is timed as a training step runs it: the product, then
 its input's and its weight's gradients (`jax.vjp` of `layers.matmul`, our bfloat16 path on CPU included, jitted;
 PyTorch: `x @ w` and `backward`), or the product and the input's gradient alone (`--frozen`: LoRA's frozen base).
-Both sides alternate, `--repeats` times each; medians; ours / PyTorch > 1 is ours faster. The last line weighs each
-shape by how often a step runs it (30 layers: q and o, k and v, gate and up, down; the tied logits once).
+Each side runs `--repeats` calls in a block after an untimed one, twice, in turn; medians; ours / PyTorch > 1 is
+ours faster. The last line weighs each shape by how often a step runs it (30 layers: q and o, k and v, gate and up,
+down; the tied logits once).
 
   python benchmarks/products.py [--seq 1024] [--batch 2] [--dtype bfloat16] [--frozen] [--json out.json]
 """
@@ -38,12 +39,11 @@ TIED = "logits (tied)"  # the embedding [V, E] read transposed, float32 logits (
 
 def _processor() -> str:
   try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      info = dict(line.split(":", 1) for line in f if ":" in line)
-    return f"{info.get('model name', '?').strip()} (family {info.get('cpu family', '?').strip()}, model " \
-           f"{info.get('model', '?').strip()})"
-  except OSError:
-    return platform.processor()
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+      info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+    return f"{info['model name']} (family {info['cpu family']}, model {info['model']})"
+  except (OSError, KeyError):
+    return platform.processor() or "unknown"
 
 
 def ours(rows: int, k: int, n: int, dtype: str, frozen: bool, tied: bool):
@@ -103,13 +103,13 @@ def main(argv=None) -> dict:
     runs = {side: make(rows, k, n, args.dtype, args.frozen, name == TIED)
             for side, make in (("ours", ours), ("torch", theirs))}
     times = {side: [] for side in runs}
-    for side, run in runs.items():
-      run()  # compile, warm
-    for _ in range(args.repeats):
-      for side, run in runs.items():
-        t0 = time.perf_counter()
+    for _ in range(2):  # each side's calls in a block, after one untimed call: the other library's worker threads,
+      for side, run in runs.items():  # still spinning after its last call, would otherwise take the cores
         run()
-        times[side].append(time.perf_counter() - t0)
+        for _ in range(args.repeats):
+          t0 = time.perf_counter()
+          run()
+          times[side].append(time.perf_counter() - t0)
     med = {side: float(np.median(t)) for side, t in times.items()}
     flop = 2.0 * rows * k * n * (2 if args.frozen else 3)
     row = {"projection": name, "k": k, "n": n, "per_step": count, "ours_s": med["ours"], "torch_s": med["torch"],
