@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
   calls = {b: lockstep(episodes, b) for b in sizes}
   ids = [policy.engine.prepare(GenerationRequest(prompt=p, max_tokens=args.max_tokens, temperature=0.0)).ids
          for p in prompts]  # the ids our engine samples from: PyTorch gets the same
-  out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _processor(),
+  out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": mfu.processor_name(),
                      "jax": jax.__version__}, "dtype": args.dtype,
          "model": hf_dir, "decisions": len(prompts), "episodes": len(episodes), "max_tokens": args.max_tokens,
          "prompt_tokens": {"mean": float(np.mean([len(i) for i in ids])), "max": int(max(len(i) for i in ids))},
@@ -325,15 +325,6 @@ def main(argv=None) -> dict:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(out, f, indent=2)
   return out
-
-
-def _processor() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-      info = {k.strip(): v for k, v in (line.split(":", 1) for line in f if ":" in line)}
-    return f"{info['model name'].strip()} (family {info['cpu family'].strip()})"
-  except (OSError, KeyError):
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -29,21 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from jaxagent import host_memory
 from jaxagent.models import layers
+from jaxagent.train import mfu
 
 LAYERS = 30
 # name, input features K, output features N, products of that shape a step runs
 SHAPES = (("q, o", 576, 576, 2 * LAYERS), ("k, v", 576, 192, 2 * LAYERS), ("gate, up", 576, 1536, 2 * LAYERS),
           ("down", 1536, 576, LAYERS), ("logits (tied)", 576, 49152, 1))
 TIED = "logits (tied)"  # the embedding [V, E] read transposed, float32 logits (`layers.logits_2d`)
-
-
-def _processor() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-      info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
-    return f"{info['model name']} (family {info['cpu family']}, model {info['model']})"
-  except (OSError, KeyError):
-    return platform.processor() or "unknown"
 
 
 def ours(rows: int, k: int, n: int, dtype: str, frozen: bool, tied: bool):
@@ -94,7 +85,7 @@ def main(argv=None) -> dict:
   torch.set_num_threads(os.cpu_count() or 1)
   rows = args.seq * args.batch
   print(f"SmolLM2-135M's projections at {args.batch} x {args.seq} rows, {args.dtype}, "
-        f"{'product and input gradient' if args.frozen else 'product and both gradients'}; {_processor()}, "
+        f"{'product and input gradient' if args.frozen else 'product and both gradients'}; {mfu.processor_name()}, "
         f"{os.cpu_count()} cores; JAX {jax.__version__}, PyTorch {torch.__version__}; medians of {args.repeats}")
   print(f"{'projection':>14} {'K x N':>12} {'ours ms':>9} {'PyTorch ms':>11} {'ours GFLOP/s':>13} "
         f"{'PyTorch GFLOP/s':>16} {'ours / PyTorch':>15}")
@@ -121,7 +112,7 @@ def main(argv=None) -> dict:
           f"{row['ours_gflops']:13.1f} {row['torch_gflops']:16.1f} {med['torch'] / med['ours']:14.2f}x", flush=True)
   print(f"{'a step':>14} {'':>12} {total['ours']:8.2f}s {total['torch']:10.2f}s {'':>13} {'':>16} "
         f"{total['torch'] / total['ours']:14.2f}x")
-  out = {"machine": {"processor": _processor(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
+  out = {"machine": {"processor": mfu.processor_name(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
                      "torch": torch.__version__}, "args": vars(args), "shapes": table,
          "step_seconds": total, "ours_speedup": total["torch"] / total["ours"]}
   if args.json:

@@ -11,6 +11,7 @@ matmul this machine does.
 from __future__ import annotations
 
 import functools
+import platform
 import time
 
 import jax
@@ -70,3 +71,14 @@ def peak_flops(configured: float = 0.0) -> tuple[float, str]:
 
 def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
   return flops_per_step / max(step_time_s, 1e-12) / peak
+
+
+def processor_name() -> str:
+  """The CPU a figure was measured on, as results name it: "AMD EPYC (family 25, model 17)" (the 2-core machines
+  change between sessions, and a ratio holds on one processor family)."""
+  try:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+      info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+    return f"{info['model name']} (family {info['cpu family']}, model {info['model']})"
+  except (OSError, KeyError):
+    return platform.processor() or "unknown"

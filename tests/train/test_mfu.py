@@ -35,3 +35,18 @@ def test_measured_peak_is_cached_per_process():
   assert rate > 1e8  # any CPU of this decade does > 0.1 GFLOP/s
   assert mfu.measured_matmul_flops(n=256, repeats=2) is rate
   assert mfu.mfu(2.0 * rate, 2.0, rate) == 1.0
+
+
+def test_the_processor_is_named_by_its_family_and_model(tmp_path, monkeypatch):
+  """Results name the CPU beside every figure: its model name, family and model from /proc/cpuinfo; a machine
+  without that file falls back to `platform.processor()`."""
+  name = mfu.processor_name()
+  assert name and name != "unknown"
+  with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+    family = next(line.split(":", 1)[1].strip() for line in f if line.startswith("cpu family"))
+  assert f"(family {family}, model " in name
+  real_open = open
+  monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(tmp_path / "absent", *a, **k)
+                      if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+  monkeypatch.setattr(mfu.platform, "processor", lambda: "x86_64")
+  assert mfu.processor_name() == "x86_64"
